@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates the virtual environment and installs onceflow with its test dependencies.
+# System packages that the tests use are installed when missing and we are root.
+set -euo pipefail
+python=${1:-python3}
+venv=${2:-.venv}
+
+"$python" - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"onceflow needs Python >= 3.11, found {sys.version.split()[0]}")
+PY
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet -e ".[test]"
