@@ -1,0 +1,116 @@
+"""The one table of APIs and versions the broker advertises.
+
+Theory of operation: `SUPPORTED` maps an API key to the inclusive version range
+the broker answers. It drives three things and nothing else may duplicate it:
+the ApiVersions response, `codec.decode_request` (a request outside the table
+raises UnsupportedVersion) and the codec caches. Adding an API is one line here
+plus its handler; tests/protocol check that kio has a schema for every version
+listed.
+
+Clients pick, per API, the highest version in both their range and ours, so the
+minimum decides which old clients still work and the maximum decides which
+newer semantics the handlers must implement.
+
+Client facts the ranges rest on (read from the clients' sources):
+
+- librdkafka 2.16 (confluent-kafka): Produce up to v10, Fetch up to v16; it
+  turns features on by overlap with the advertised ranges
+  (rdkafka_feature.c): message format v2 needs Produce 3 and Fetch 4 in range
+  (before librdkafka 2.11.1 the check was on exactly those versions, so the
+  minimums must not exceed 3 and 4); zstd needs Produce 7 and Fetch 10 in range
+  (before 2.11.1: exactly 7 and 10), else the producer silently sends
+  uncompressed batches; gzip and snappy need only message format v2. LZ4 is tied
+  to FindCoordinator being advertised (any version; exactly v0 before 2.11.1),
+  so until FindCoordinator is in this table librdkafka sends lz4-configured
+  topics uncompressed.
+- kafka-python 3.x: Produce up to v9, Fetch up to v12 (v4+ for read_committed),
+  ApiVersions up to v4 with the UNSUPPORTED_VERSION retry loop.
+- aiokafka 0.14: Produce up to v7, Fetch up to v11, ApiVersions v0.
+- Java 3.x/4.x: Produce/Fetch minimums are 3/4 in 4.x; Fetch above v12 only when
+  every fetched topic has a topic id, otherwise it caps itself at v12.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ("SUPPORTED", "ApiKey", "is_supported")
+
+
+class ApiKey(enum.IntEnum):
+    """Kafka API keys (names as in Kafka's message JSON specs, snake case upper)."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    WRITE_TXN_MARKERS = 27
+    TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
+
+
+# api_key -> (min_version, max_version), both inclusive.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    # v3 is the first with record format v2 (and Kafka 4.0's minimum). The range
+    # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v11 is the
+    # last version without transactions V2 (KIP-890 part 2, v12) and topic ids (v13).
+    ApiKey.PRODUCE: (3, 11),
+    # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
+    # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). The
+    # maximum is v12, the last version that names topics: v13+ sends topic ids
+    # instead, which needs id -> name resolution, UNKNOWN_TOPIC_ID answers and
+    # id-keyed fetch sessions in the fetch handler. Every client here copes: Java
+    # and librdkafka fall back to v12 themselves, kafka-python stops at v12 and
+    # aiokafka at v11. Raising it is one line once the handler speaks topic ids.
+    ApiKey.FETCH: (4, 12),
+    # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79).
+    ApiKey.LIST_OFFSETS: (1, 8),
+    # v0-12 as Kafka 4.0; aiokafka still uses low versions. v12 returns topic ids.
+    ApiKey.METADATA: (0, 12),
+    # v0 for aiokafka (it only speaks v0) and for the UNSUPPORTED_VERSION retry of
+    # newer clients; v3+ carries the client software name and version (KIP-511).
+    ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.CREATE_TOPICS: (2, 7),
+    ApiKey.DELETE_TOPICS: (1, 6),
+    ApiKey.DELETE_RECORDS: (0, 2),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
+    # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys.
+    ApiKey.FIND_COORDINATOR: (0, 4),
+}
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    """True when the broker advertises `api_version` of `api_key`."""
+    version_range = SUPPORTED.get(api_key)
+    return version_range is not None and version_range[0] <= api_version <= version_range[1]
