@@ -1,0 +1,123 @@
+"""`GroupCommitter`: one background thread that turns many flush requests into few fsyncs.
+
+Theory of operation
+-------------------
+An acks=all produce appends (no fsync) and then asks `request_flush(log)` for a future that
+resolves once everything appended to that log *before the request* is on disk. Requests queue
+in a dict keyed by log. The thread loops in *rounds*: it takes every request queued since the
+previous round, calls `log.flush()` once per distinct log, then resolves all the futures of
+that log. While a round's fsyncs run, new requests pile up for the next round, so under load
+one fsync covers every append that arrived during the previous fsync: the number of fsyncs
+per second is bounded by the disk's fsync latency, not by the request rate.
+
+A request made after an append is always served by a flush that starts after the request was
+queued, hence after the append: the future never resolves early.
+
+A failing flush is loud: it is logged at CRITICAL, the log marks itself failed (appends raise
+from then on), and every future of that log in the round gets the exception. Futures are
+marked running at creation, so cancelling the awaiting side cannot make them unresolvable.
+With fsync disabled, futures are returned already resolved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import NamedTuple, Protocol
+
+logger = logging.getLogger(__name__)
+
+# Most logs flushed in one round. Bounded so a round (and the latency of requests queued after
+# it) stays short even with thousands of partitions; the rest waits for the next round.
+ROUND_LOGS_MAX = 1024
+
+
+class Flushable(Protocol):
+    def flush(self) -> None: ...
+
+
+class GroupCommitStats(NamedTuple):
+    rounds: int  # rounds that flushed at least one log
+    flushes: int  # log.flush() calls (each one fsync of each dirty file of that log)
+    requests: int  # request_flush() calls served
+    failures: int  # flushes that raised
+    pending: int  # requests queued now
+
+
+class GroupCommitter:
+    """Coalesces fsyncs of many appends (see the module docstring)."""
+
+    def __init__(self, fsync_enabled: bool, *, name: str = "onceflow-group-commit") -> None:
+        self.fsync_enabled = fsync_enabled
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: dict[int, tuple[Flushable, list[Future]]] = {}
+        self._closing = False
+        self._rounds = self._flushes = self._requests = self._failures = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        if fsync_enabled:
+            self._thread.start()
+
+    def request_flush(self, log: Flushable) -> Future:
+        """A future resolved (None) once `log` is durable up to its state at this call."""
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        if not self.fsync_enabled:
+            future.set_result(None)
+            return future
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("GroupCommitter is closed")
+            entry = self._pending.get(id(log))
+            if entry is None:
+                self._pending[id(log)] = (log, [future])
+            else:
+                entry[1].append(future)
+            self._cond.notify()
+        return future
+
+    def statistics(self) -> GroupCommitStats:
+        with self._cond:
+            pending = sum(len(futures) for _, futures in self._pending.values())
+            return GroupCommitStats(
+                self._rounds, self._flushes, self._requests, self._failures, pending
+            )
+
+    def close(self) -> None:
+        """Serves every queued request, then stops the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _next_round(self) -> list[tuple[Flushable, list[Future]]] | None:
+        with self._cond:
+            while not self._pending and not self._closing:
+                self._cond.wait()
+            if not self._pending:
+                return None  # closing and drained
+            keys = list(self._pending)[:ROUND_LOGS_MAX]
+            return [self._pending.pop(key) for key in keys]
+
+    def _run(self) -> None:
+        while (batch := self._next_round()) is not None:
+            flushes = failures = requests = 0
+            for log, futures in batch:
+                flushes += 1
+                requests += len(futures)
+                try:
+                    log.flush()
+                except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+                    failures += 1
+                    logger.critical("group commit: flush of %r failed: %r", log, exc)
+                    for future in futures:
+                        future.set_exception(exc)
+                    continue
+                for future in futures:
+                    future.set_result(None)
+            with self._cond:
+                self._rounds += 1
+                self._flushes += flushes
+                self._requests += requests
+                self._failures += failures

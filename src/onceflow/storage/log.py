@@ -1,0 +1,466 @@
+"""`PartitionLog`: one partition's segmented log - append, read, flush, retention, recovery.
+
+Theory of operation
+-------------------
+The log is a list of segments with increasing base offsets; the last one is *active* and is
+the only one appended to. Offsets are assigned at append: each batch's base offset is
+rewritten, nothing else about it changes (except the optional LogAppendTime stamp and leader
+epoch). `log_end_offset` (LEO, exclusive) is the active segment's end offset.
+
+Durability. `append` writes with `pwritev` and does not fsync. `flush` (called by the group
+committer's thread) fsyncs every file written since the previous flush and then advances the
+*recovery point*: every offset below it is on disk. The recovery point is checkpointed to
+`partition.state` every `RECOVERY_CHECKPOINT_BYTES` of flushed data and at close; it is only a
+hint of where recovery may start, so a stale checkpoint costs a longer scan, never data.
+Index files and the directory are fsync'd when a segment is rolled (by the next flush), so all
+segments wholly below the recovery point have durable data *and* indexes.
+
+Recovery (`open`). After `close()` the state file says "clean shutdown" and every segment is
+loaded trusting its indexes (only the headers after the last index entry are walked). After
+an unclean stop, every segment from the one ending after the recovery point onwards is
+re-validated batch by batch (length bounds, magic 2, CRC-32C, monotonic offsets); the log is
+truncated at the first bad byte and later segments are deleted, so the log is always a valid
+prefix. Recovered segments are fsync'd before the state file is rewritten (clean flag off)
+and `open` returns.
+
+Threads. The broker calls append/read/retention from its event-loop thread and `flush` from
+the group-commit thread. `_lock` guards all in-memory state and every file access except the
+fsyncs themselves: `flush` takes the lock only to snapshot (duplicate the fds of dirty files,
+note the LEO) and to publish the new recovery point, and fsyncs outside it, so appends and
+reads proceed during an fsync. Reads hold the lock, so they see only whole batches below the
+published end of each segment. `_flush_lock` (always taken before `_lock`) serialises flushes
+and state-file writes, so a flush never returns before an overlapping one's fsyncs finished.
+A failed write or fsync marks the log failed: appends and flushes then raise LogFailedError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from onceflow.storage.config import LogConfig
+from onceflow.storage.layout import (
+    BatchHeader,
+    LogClosedError,
+    LogFailedError,
+    OffsetOutOfRange,
+    PartitionState,
+    write_partition_state,
+)
+from onceflow.storage.recovery import (
+    RecoveryReport,
+    index_entries_max,
+    load_segments,
+    take_dirty_fds,
+)
+from onceflow.storage.segment import Segment, prepare_append
+
+logger = logging.getLogger(__name__)
+
+# Flushed bytes between checkpoints of the recovery point: bounds the re-validation after a
+# crash to about this much beyond one segment, at the cost of one small atomic file write.
+RECOVERY_CHECKPOINT_BYTES = 64 * 1024 * 1024
+
+
+class AppendInfo(NamedTuple):
+    first_offset: int
+    last_offset: int  # inclusive
+    log_append_time_ms: int  # the stamp written for LogAppendTime, else -1 (as in Produce)
+    end_position: int  # LEO (exclusive) right after this append: what flush_to() must reach
+
+
+class PartitionLog:
+    """A partition's log (see the module docstring). Build with `PartitionLog.open`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[Segment],
+        log_start_offset: int,
+        report: RecoveryReport,
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.recovery = report
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._log_start = log_start_offset
+        self._recovery_point = segments[-1].next_offset
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._dir_dirty = False
+        self._appended_bytes = 0  # total bytes appended since open
+        self._checkpointed_bytes = 0  # _appended_bytes covered by the last state checkpoint
+        self._failed: BaseException | None = None
+        self._closing = False
+        self._closed = False
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def recovery_point_offset(self) -> int:
+        """Every offset below this is fsync'd (the "flushed offset")."""
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self._segments)
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._bases)
+
+    def update_config(self, config: LogConfig) -> None:
+        """Applies altered topic configs (rolling, retention and stamping use them next time)."""
+        self.config = config
+
+    # -- append ---------------------------------------------------------------------------------
+
+    def append(
+        self,
+        batches: list,
+        now_ms: int,
+        *,
+        log_append_time: bool | None = None,
+        partition_leader_epoch: int | None = None,
+    ) -> AppendInfo:
+        """Appends validated v2 batches, assigning offsets from the LEO; no fsync.
+        `log_append_time` (default: the topic's message.timestamp.type) stamps each batch:
+        max_timestamp = now_ms, attribute bit 3 set, CRC recomputed. `partition_leader_epoch`,
+        when given, is written into each header (outside the CRC)."""
+        if not batches:
+            raise ValueError("append of no batches")
+        stamp = self.config.log_append_time if log_append_time is None else log_append_time
+        with self._lock:
+            self._check_writable()
+            leo = self._segments[-1].next_offset
+            prepared = prepare_append(
+                batches, leo, now_ms if stamp else None, partition_leader_epoch
+            )
+            try:
+                if self._should_roll(prepared, now_ms):
+                    self._roll()
+                self._segments[-1].append(prepared, now_ms)
+            except OSError as exc:
+                self._fail(exc, "append")
+                raise LogFailedError(f"{self.directory.name}: append failed: {exc}") from exc
+            self._appended_bytes += prepared.total_bytes
+            end = self._segments[-1].next_offset
+        if end != prepared.next_offset:
+            raise AssertionError(f"LEO {end} after append, prepared {prepared.next_offset}")
+        return AppendInfo(leo, end - 1, now_ms if stamp else -1, end)
+
+    def _should_roll(self, prepared, now_ms: int) -> bool:
+        active, config = self._segments[-1], self.config
+        if active.size_bytes == 0:
+            return False
+        return (
+            active.size_bytes + prepared.total_bytes > config.segment_bytes
+            or (active.created_ms is not None and now_ms - active.created_ms >= config.segment_ms)
+            or active.offset_index.is_full
+            or active.time_index.is_full
+            or not active.can_hold(prepared)
+        )
+
+    def _roll(self) -> None:
+        """Starts a new active segment at the LEO. The old one's indexes are final: the next
+        flush fsyncs them, and the directory, which gained a file."""
+        old = self._segments[-1]
+        old.index_dirty = True
+        config = self.config
+        new = Segment.create(
+            self.directory, old.next_offset, config.index_interval_bytes, index_entries_max(config)
+        )
+        self._segments = self._segments + [new]  # copy-on-write: iterators keep their snapshot
+        self._bases = self._bases + [new.base_offset]
+        self._dir_dirty = True
+
+    def _check_writable(self) -> None:
+        if self._closed or self._closing:
+            raise LogClosedError(f"{self.directory.name}: closed")
+        if self._failed is not None:
+            raise LogFailedError(f"{self.directory.name}: failed earlier: {self._failed}")
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        logger.critical("%s: %s failed, log is now failed: %s", self.directory, what, exc)
+        self._failed = exc
+
+    # -- read -----------------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, upper_offset: int) -> bytes:
+        """Whole batches from the one containing fetch_offset; none with base offset >=
+        upper_offset; at most max_bytes except that the first batch is always returned whole
+        (KIP-74). b"" at the end, and b"" when fetch_offset >= upper_offset (even if a batch
+        starting below upper_offset holds fetch_offset). May span segments.
+        Raises OffsetOutOfRange outside [log_start, LEO]."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self.directory.name}: closed")
+            segments = self._segments
+            leo = segments[-1].next_offset
+            if not self._log_start <= fetch_offset <= leo:
+                raise OffsetOutOfRange(f"offset {fetch_offset} outside [{self._log_start}, {leo}]")
+            upper = min(upper_offset, leo)
+            chunks: list[bytes] = []
+            budget, offset = max_bytes, fetch_offset
+            i = max(bisect_right(self._bases, offset) - 1, 0)
+            while i < len(segments) and offset < upper:
+                seg = segments[i]
+                span = (
+                    seg.span(offset, budget, upper, not chunks)
+                    if offset < seg.next_offset
+                    else (0, 0)
+                )
+                if span is None:
+                    break
+                if span[1] > span[0]:
+                    chunks.append(seg.read_bytes(*span))
+                    budget -= span[1] - span[0]
+                    if span[1] < seg.size_bytes or budget <= 0:
+                        break
+                i += 1
+                offset = segments[i].base_offset if i < len(segments) else leo
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= timestamp_ms at or after
+        the log start, None if there is none. Exact for uncompressed CreateTime batches and for
+        LogAppendTime; for compressed CreateTime batches the answer is the batch's first offset
+        and max timestamp (records are not decompressed here)."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self.directory.name}: closed")
+            for seg in self._segments:
+                if seg.max_timestamp_ms >= timestamp_ms and seg.next_offset > self._log_start:
+                    found = seg.find_timestamp(timestamp_ms, self._log_start)
+                    if found is not None:
+                        return found
+        return None
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """(largest timestamp, offset of the first record holding it) over every segment, as
+        Kafka answers ListOffsets MAX_TIMESTAMP; None if no batch has a timestamp."""
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self.directory.name}: closed")
+            best = max(self._segments, key=lambda s: s.max_timestamp_ms)  # first on ties
+            return best.max_timestamp()
+
+    def batches_from(self, offset: int) -> Iterator[BatchHeader]:
+        """Headers of the batches from the one containing `offset` (or the log start, if later)
+        to the LEO as of this call - to replay producer state. Reads happen under the lock, a
+        window at a time; consume it on the thread that mutates the log."""
+        with self._lock:
+            segments, leo = self._segments, self._segments[-1].next_offset
+            ends = [s.size_bytes for s in segments]
+            offset = max(offset, self._log_start)
+        i = max(bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+        for seg, end in zip(segments[i:], ends[i:], strict=True):
+            walk: Iterator | None = None
+            while True:
+                with self._lock:
+                    if seg.closed:
+                        raise LogClosedError(f"{seg.log_path.name} was deleted during replay")
+                    walk = walk or seg.headers(offset, end)
+                    item = next(walk, None)
+                if item is None or item[1].base_offset >= leo:
+                    break
+                yield item[1]
+
+    # -- durability -----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """fsyncs everything appended so far, then advances the recovery point. Safe to call
+        from another thread than append's. Raises LogFailedError if an fsync fails."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def flush_to(self, end_position: int) -> None:
+        """Flushes unless offsets below `end_position` (an AppendInfo's) are already durable."""
+        if self._recovery_point < end_position:
+            self.flush()
+
+    def checkpoint(self) -> None:
+        """Persists the current recovery point now (the broker may call this periodically,
+        like Kafka's log.flush.offset.checkpoint.interval.ms); flush does it every
+        RECOVERY_CHECKPOINT_BYTES on its own."""
+        with self._flush_lock:
+            if not self._closed:
+                self._write_state(clean=False)
+
+    def _flush_locked(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self._failed is not None:
+                raise LogFailedError(f"{self.directory.name}: failed earlier: {self._failed}")
+            target, appended = self._segments[-1].next_offset, self._appended_bytes
+            fds = take_dirty_fds(self._segments, self.directory if self._dir_dirty else None)
+            self._dir_dirty = False
+        try:
+            for fd in fds:
+                os.fsync(fd)
+        except OSError as exc:
+            with self._lock:
+                self._fail(exc, "fsync")
+            raise LogFailedError(f"{self.directory.name}: fsync failed: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with self._lock:
+            self._recovery_point = max(self._recovery_point, target)
+        if appended - self._checkpointed_bytes >= RECOVERY_CHECKPOINT_BYTES:
+            self._write_state(clean=False)
+            self._checkpointed_bytes = appended
+
+    def _write_state(self, clean: bool) -> None:
+        """Persists log start and recovery point (caller holds _flush_lock)."""
+        with self._lock:
+            active = self._segments[-1]
+            state = PartitionState(
+                self._log_start, self._recovery_point, clean, active.next_offset, active.size_bytes
+            )
+        try:
+            write_partition_state(self.directory, state)
+        except OSError as exc:
+            with self._lock:
+                self._fail(exc, "state checkpoint")
+            raise LogFailedError(f"{self.directory.name}: state write failed: {exc}") from exc
+
+    # -- retention ------------------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """Moves the log start to `offset` (DeleteRecords) and deletes the segments wholly
+        below it; returns the new log start offset. Durable when it returns."""
+        with self._lock:
+            self._check_writable()
+            leo = self._segments[-1].next_offset
+            if offset > leo or offset < 0:
+                raise OffsetOutOfRange(f"offset {offset} outside [0, {leo}]")
+            if offset <= self._log_start:
+                return self._log_start
+            count = (
+                bisect_right(self._bases, offset) - 1
+            )  # segments whose successor starts <= offset
+        self._delete_prefix(count, offset)
+        return self._log_start
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Deletes the oldest non-active segments that are wholly below the log start, or (with
+        cleanup.policy delete) past retention.ms by their largest timestamp or beyond
+        retention.bytes. Returns how many segments were deleted."""
+        with self._lock:
+            self._check_writable()
+            config, segments = self.config, self._segments
+            count = bisect_right(self._bases, self._log_start) - 1  # wholly below the start
+            if config.deletes:
+                count = max(
+                    count,
+                    _expired_prefix(segments, config.retention_ms, now_ms),
+                    _oversize_prefix(segments, config.retention_bytes),
+                )
+            if count <= 0:
+                return 0
+            new_start = max(self._log_start, segments[count].base_offset)
+        self._delete_prefix(count, new_start)
+        return count
+
+    def _delete_prefix(self, count: int, new_log_start: int) -> None:
+        """Persists the new log start first, then deletes the first `count` segments: a crash
+        in between leaves segments below the log start, which the next open deletes."""
+        with self._flush_lock:
+            with self._lock:
+                if count >= len(self._segments):
+                    raise AssertionError("retention must never delete the active segment")
+                victims = self._segments[:count]
+                self._segments = self._segments[count:]
+                self._bases = self._bases[count:]
+                self._log_start = max(self._log_start, new_log_start)
+            self._write_state(clean=False)
+            with self._lock:
+                for seg in victims:
+                    seg.delete()
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flushes everything and writes the clean-shutdown state, so the next open skips the
+        scan. A failed log is closed without the clean flag (it will be recovered)."""
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closing = True
+                self._segments[-1].index_dirty = True
+                failed = self._failed is not None
+            try:
+                if not failed:
+                    self._flush_locked()
+                    self._write_state(clean=True)
+            finally:
+                with self._lock:
+                    self._closed = True
+                    for seg in self._segments:
+                        seg.close()
+
+    def discard(self) -> None:
+        """Closes without flushing (the partition is being deleted)."""
+        with self._flush_lock, self._lock:
+            self._closed = True
+            for seg in self._segments:
+                seg.close()
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        """Opens (creating if needed) and recovers the log in `directory`."""
+        segments, log_start, report = load_segments(directory, config, now_ms)
+        log = cls(directory, config, segments, log_start, report)
+        with log._flush_lock:
+            log._write_state(clean=False)  # from here on, a crash means an unclean stop
+        return log
+
+
+def _expired_prefix(segments: list[Segment], retention_ms: int, now_ms: int) -> int:
+    """How many leading non-active segments have all their data older than retention_ms."""
+    if retention_ms < 0:
+        return 0
+    count = 0
+    for seg in segments[:-1]:
+        newest_ms = seg.max_timestamp_ms
+        if newest_ms < 0:  # no timestamps at all: fall back on the file's age, as Kafka does
+            newest_ms = int(os.fstat(seg.fd).st_mtime * 1000)
+        if now_ms - newest_ms <= retention_ms:
+            break
+        count += 1
+    return count
+
+
+def _oversize_prefix(segments: list[Segment], retention_bytes: int) -> int:
+    """How many leading non-active segments can go while the log stays >= retention_bytes."""
+    if retention_bytes < 0:
+        return 0
+    excess = sum(s.size_bytes for s in segments) - retention_bytes
+    count = 0
+    for seg in segments[:-1]:
+        if seg.size_bytes > excess:
+            break
+        excess -= seg.size_bytes
+        count += 1
+    return count
+
+
+__all__ = ["AppendInfo", "OffsetOutOfRange", "PartitionLog", "RecoveryReport"]

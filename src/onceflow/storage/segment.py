@@ -1,0 +1,574 @@
+"""One log segment: `<base_offset>.log` plus its sparse `.index` and `.timeindex`.
+
+Theory of operation
+-------------------
+A segment file is a sequence of whole v2 record batches with strictly increasing offsets.
+`size_bytes` is the *valid* length: appends write past it with one `pwritev` at an explicit
+position and only then advance it, so readers (which never look past `size_bytes`) cannot see
+a partial batch, and a failed write leaves nothing that counts.
+
+Appends are prepared first (`prepare_append`: offsets assigned, headers rewritten into small
+side buffers, no mutation), then written. Batches are never copied or parsed past their
+61-byte header unless the caller asks for the LogAppendTime stamp, which rewrites the header's
+max timestamp and attributes and recomputes the CRC (the one case that copies a batch).
+
+Lookups start at an index entry (a known batch boundary) and walk batch headers forward,
+reading windows of `WALK_WINDOW_BYTES`; the walk is bounded by `index_interval_bytes` plus one
+batch. Every header crossed by a walk is checked (magic, length bounds), so a wrong index entry
+surfaces as `CorruptLogError`, never as garbage returned to a client.
+
+Recovery (`recover`) re-reads the whole file in `RECOVERY_CHUNK_BYTES` chunks, validates each
+batch (length bounds, magic 2, CRC-32C, offsets monotonic) and truncates the file at the first
+bad byte, rebuilding both indexes with the same `IndexBuilder` rule as live appends.
+
+A `Segment` is not thread-safe on its own: `PartitionLog` serialises access with its lock.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import crc32c
+
+from onceflow.storage.index import IndexBuilder, IndexCorrupt, OffsetIndex, TimeIndex
+from onceflow.storage.layout import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_LOG_APPEND_TIME,
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_FIELD,
+    BATCH_HEADER,
+    BATCH_HEADER_BYTES,
+    CRC_FIELD,
+    CRC_OFFSET,
+    CRC_START,
+    INDEX_SUFFIX,
+    LOG_OVERHEAD_BYTES,
+    LOG_SUFFIX,
+    MAGIC_V2,
+    MAX_TIMESTAMP_OFFSET,
+    NO_TIMESTAMP,
+    OFFSET_AND_EPOCH_FIELDS,
+    TIME_INDEX_SUFFIX,
+    BatchHeader,
+    CorruptLogError,
+    first_record_at_or_after,
+    header_problem,
+    read_header,
+    segment_path,
+)
+
+# Relative offsets are stored as u32; like Kafka we keep them within a signed int so that any
+# reader treating them as int32 is still right. A batch that would exceed this rolls the log.
+REL_OFFSET_MAX = 2**31 - 1
+POSITION_MAX = 2**32 - 1  # positions are u32 in the offset index
+WALK_WINDOW_BYTES = 16 * 1024  # one pread covers an index interval (4 KiB) of small batches
+RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024  # large sequential reads; bounded memory
+IOV_BUFFERS_MAX = 1024  # Linux IOV_MAX: most buffers one pwritev accepts
+READ_HINTS_MAX = 64  # remembered (offset -> position) pairs of recent reads: ~ live consumers
+_MAX_TIMESTAMP = struct.Struct(">q")
+_ATTRIBUTES = struct.Struct(">h")
+
+
+class PreparedAppend(NamedTuple):
+    """What `Segment.append` writes; built without touching any state."""
+
+    buffers: list  # bytes-like pieces, in file order
+    metas: list[tuple[int, int, int]]  # per batch: (base_offset, size_bytes, max_timestamp_ms)
+    total_bytes: int
+    first_offset: int
+    next_offset: int  # exclusive: first offset after the last batch
+    max_timestamp_ms: int
+
+
+def _stamp_log_append_time(
+    view: memoryview, offset: int, epoch: int | None, now_ms: int
+) -> bytearray:
+    """A copy of the batch with the LogAppendTime stamp: attribute bit 3 set, max_timestamp =
+    now_ms, CRC recomputed (base offset and leader epoch are outside the CRC)."""
+    buf = bytearray(view)
+    header = read_header(buf)
+    BASE_OFFSET_FIELD.pack_into(buf, 0, offset)
+    if epoch is not None:
+        OFFSET_AND_EPOCH_FIELDS.pack_into(buf, 0, offset, header.batch_length, epoch)
+    _ATTRIBUTES.pack_into(buf, ATTRIBUTES_OFFSET, header.attributes | ATTR_LOG_APPEND_TIME)
+    _MAX_TIMESTAMP.pack_into(buf, MAX_TIMESTAMP_OFFSET, now_ms)
+    CRC_FIELD.pack_into(buf, CRC_OFFSET, crc32c.crc32c(memoryview(buf)[CRC_START:]))
+    return buf
+
+
+def prepare_append(
+    batches: list, first_offset: int, append_time_ms: int | None, leader_epoch: int | None
+) -> PreparedAppend:
+    """Assigns offsets from `first_offset`; `append_time_ms` set = stamp LogAppendTime.
+    One header unpack per batch, no per-record work, no copy of the batch bytes (except for
+    the LogAppendTime stamp)."""
+    buffers: list = []
+    metas: list[tuple[int, int, int]] = []
+    offset, total, max_ts = first_offset, 0, NO_TIMESTAMP
+    for batch in batches:
+        view = memoryview(batch)
+        if view.format != "B":
+            view = view.cast("B")
+        size = view.nbytes
+        if size < BATCH_HEADER_BYTES:
+            raise AssertionError(f"append: {size} bytes is shorter than a batch header")
+        # (base_offset, batch_length, epoch, magic, crc, attributes, last_offset_delta,
+        #  base_timestamp, max_timestamp, ...): see layout.BATCH_HEADER
+        fields = BATCH_HEADER.unpack_from(view)
+        if fields[1] + LOG_OVERHEAD_BYTES != size or fields[3] != MAGIC_V2 or fields[6] < 0:
+            raise AssertionError(
+                f"append: not one whole v2 batch ({size} bytes, header {fields[:7]})"
+            )
+        if append_time_ms is not None:
+            buffers.append(_stamp_log_append_time(view, offset, leader_epoch, append_time_ms))
+            batch_max_ts = append_time_ms
+        elif leader_epoch is not None:
+            buffers.append(OFFSET_AND_EPOCH_FIELDS.pack(offset, fields[1], leader_epoch))
+            buffers.append(view[OFFSET_AND_EPOCH_FIELDS.size :])
+            batch_max_ts = fields[8]
+        else:
+            buffers.append(BASE_OFFSET_FIELD.pack(offset))
+            buffers.append(view[BASE_OFFSET_FIELD.size :])
+            batch_max_ts = fields[8]
+        metas.append((offset, size, batch_max_ts))
+        if batch_max_ts > max_ts:
+            max_ts = batch_max_ts
+        total += size
+        offset += fields[6] + 1
+    return PreparedAppend(buffers, metas, total, first_offset, offset, max_ts)
+
+
+def _pwritev_fully(fd: int, buffers: list, position: int, total_bytes: int) -> None:
+    """Writes `buffers` contiguously at `position`; raises OSError unless all bytes landed."""
+    written = 0
+    for start in range(0, len(buffers), IOV_BUFFERS_MAX):
+        group = buffers[start : start + IOV_BUFFERS_MAX]
+        if len(buffers) <= IOV_BUFFERS_MAX:
+            group_bytes = total_bytes
+        else:
+            group_bytes = sum(memoryview(b).nbytes for b in group)
+        n = os.pwritev(fd, group, position + written)
+        if n != group_bytes:  # short write (rare: signals, quotas): finish it byte-wise
+            rest = memoryview(b"".join(group))[n:]
+            while rest:
+                m = os.pwrite(fd, rest, position + written + n)
+                if m <= 0:
+                    raise OSError(f"pwrite wrote {m} bytes")
+                n, rest = n + m, rest[m:]
+        written += group_bytes
+    if written != total_bytes:
+        raise AssertionError(f"wrote {written} bytes, prepared {total_bytes}")
+
+
+class ScanResult(NamedTuple):
+    """Outcome of `Segment.recover`."""
+
+    bytes_scanned: int
+    bytes_truncated: int
+    batches: int
+    problem: str | None  # why the scan stopped early (None: the whole file was valid)
+
+
+class Segment:
+    """One segment's files and in-memory state (see the module docstring)."""
+
+    def __init__(
+        self, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
+    ):
+        self.base_offset = base_offset
+        self.log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        self.fd = -1
+        self.offset_index = OffsetIndex(
+            segment_path(directory, base_offset, INDEX_SUFFIX), index_entries_max
+        )
+        self.time_index = TimeIndex(
+            segment_path(directory, base_offset, TIME_INDEX_SUFFIX), index_entries_max
+        )
+        self.builder = IndexBuilder(interval_bytes)
+        self.size_bytes = 0
+        self.next_offset = base_offset  # exclusive end offset of the data in this segment
+        self.created_ms: int | None = None  # roll clock: append time of the first batch
+        self.data_dirty = False  # written since the last fsync of the .log
+        self.index_dirty = False  # indexes final but not yet fsync'd (set when rolled/closed)
+        self.closed = False
+        self._read_hints: dict[int, int] = {}
+        self._max_ts_position: int | None = None  # first batch holding max_timestamp_ms
+
+    # -- opening --------------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
+    ) -> Segment:
+        seg = cls(directory, base_offset, interval_bytes, index_entries_max)
+        seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        seg.data_dirty = True
+        return seg
+
+    @classmethod
+    def open_existing(
+        cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
+    ) -> Segment:
+        seg = cls(directory, base_offset, interval_bytes, index_entries_max)
+        seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
+        return seg
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        return self.builder.max_timestamp_ms
+
+    def file_bytes(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def load_trusted(self, now_ms: int) -> bool:
+        """Loads a segment whose data was fsync'd (below the recovery point or after a clean
+        shutdown) without CRC checks: loads the indexes, then walks only the headers after the
+        last index entries to find the end offset and largest timestamp. False when anything
+        does not add up; the caller then runs `recover`."""
+        size = self.file_bytes()
+        try:
+            self.offset_index.load()
+            self.time_index.load()
+        except IndexCorrupt:
+            return False
+        self.offset_index.truncate_to_position(size)
+        last_entry = self.offset_index.last()
+        # Time entries are only ever added at offset-entry batches, so none may lie past the
+        # last offset entry; and every batch before that entry has max timestamp <= the last
+        # time entry's. The walk from the last offset entry therefore sees everything else.
+        self.time_index.truncate_to_rel_offset(last_entry[0] + 1 if last_entry else 0)
+        last_time = self.time_index.last()
+        start = last_entry[1] if last_entry else 0
+        try:
+            walked = list(self._walk(start, size))
+        except CorruptLogError:
+            return False
+        if last_entry is not None:
+            if not walked or walked[0][1].base_offset != self.base_offset + last_entry[0]:
+                return False
+        if walked and walked[0][1].base_offset < self.base_offset:
+            return False
+        self.size_bytes = size
+        self.next_offset = walked[-1][1].last_offset + 1 if walked else self.base_offset
+        self.builder.bytes_since_entry = size - start
+        self.builder.last_time_entry_ms = last_time[0] if last_time else NO_TIMESTAMP
+        walked_max = max((h.max_timestamp for _, h in walked), default=NO_TIMESTAMP)
+        self.builder.max_timestamp_ms = max(self.builder.last_time_entry_ms, walked_max)
+        if walked_max > self.builder.last_time_entry_ms:
+            self._max_ts_position = next(p for p, h in walked if h.max_timestamp == walked_max)
+        self.created_ms = self._first_batch_time(now_ms)
+        return True
+
+    def _first_batch_time(self, now_ms: int) -> int | None:
+        """After a restart the append time of the first batch is unknown; like Kafka, use the
+        first batch's max timestamp (clamped to now), or now when it has none."""
+        if self.size_bytes == 0:
+            return None
+        first = read_header(os.pread(self.fd, BATCH_HEADER_BYTES, 0))
+        return now_ms if first.max_timestamp < 0 else min(first.max_timestamp, now_ms)
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def recover(self, expected_offset: int, now_ms: int) -> ScanResult:
+        """Validates every batch, truncates at the first bad byte, rebuilds both indexes."""
+        size = self.file_bytes()
+        builder = IndexBuilder(self.builder.interval_bytes)
+        self._max_ts_position = None
+        rels, poss, tss, trels = array("I"), array("I"), array("q"), array("I")
+        pos, next_offset, batches, problem = 0, max(expected_offset, self.base_offset), 0, None
+        for item in self._scan(size, next_offset):
+            if isinstance(item, str):
+                problem = item
+                break
+            header = item
+            offsets: list[tuple[int, int]] = []
+            times: list[tuple[int, int]] = []
+            rel = header.base_offset - self.base_offset
+            if header.max_timestamp > builder.max_timestamp_ms:
+                self._max_ts_position = pos
+            builder.observe(rel, pos, header.size_bytes, header.max_timestamp, offsets, times)
+            for r, p in offsets:
+                rels.append(r)
+                poss.append(p)
+            for t, r in times:
+                tss.append(t)
+                trels.append(r)
+            pos += header.size_bytes
+            next_offset = header.last_offset + 1
+            batches += 1
+        if pos < size:
+            os.ftruncate(self.fd, pos)
+        self.offset_index.replace(rels, poss)
+        self.time_index.replace(tss, trels)
+        self.builder = builder
+        self.size_bytes = pos
+        if batches == 0:
+            self._max_ts_position = None
+        self.next_offset = next_offset if batches else self.base_offset
+        self.created_ms = self._first_batch_time(now_ms)
+        self.data_dirty = self.index_dirty = True
+        self._read_hints.clear()
+        return ScanResult(size, size - pos, batches, problem)
+
+    def _scan(self, size: int, expected_offset: int) -> Iterator[BatchHeader | str]:
+        """Yields each valid batch header in file order, then a string saying why the scan
+        stopped if it stopped before the end of the file."""
+        pos, chunk, chunk_pos = 0, b"", 0
+        while pos < size:
+            rel = pos - chunk_pos
+            if rel + BATCH_HEADER_BYTES > len(chunk):
+                chunk, chunk_pos, rel = (
+                    os.pread(self.fd, min(RECOVERY_CHUNK_BYTES, size - pos), pos),
+                    pos,
+                    0,
+                )
+                if len(chunk) < BATCH_HEADER_BYTES:
+                    yield f"torn header at position {pos}"
+                    return
+            header = read_header(chunk, rel)
+            problem = header_problem(header, size - pos) or self._offset_problem(
+                header, expected_offset
+            )
+            if problem is None and rel + header.size_bytes > len(chunk):
+                want = max(header.size_bytes, min(RECOVERY_CHUNK_BYTES, size - pos))
+                chunk, chunk_pos, rel = os.pread(self.fd, want, pos), pos, 0
+                if len(chunk) < header.size_bytes:
+                    problem = "short read"
+            if problem is None:
+                view = memoryview(chunk)[rel + CRC_START : rel + header.size_bytes]
+                if crc32c.crc32c(view) != header.crc:
+                    problem = f"CRC mismatch in batch at offset {header.base_offset}"
+            if problem is not None:
+                yield f"{problem} (position {pos})"
+                return
+            yield header
+            pos += header.size_bytes
+            expected_offset = header.last_offset + 1
+
+    def _offset_problem(self, header: BatchHeader, expected_offset: int) -> str | None:
+        if header.base_offset < expected_offset:
+            return f"offset {header.base_offset} after {expected_offset - 1}: not monotonic"
+        if header.last_offset - self.base_offset > REL_OFFSET_MAX:
+            return f"offset {header.last_offset} too far from segment base {self.base_offset}"
+        return None
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def append(self, prepared: PreparedAppend, now_ms: int) -> None:
+        """Writes prepared batches at the end; the caller checked `fits` (or just rolled)."""
+        if prepared.first_offset < self.next_offset:
+            raise AssertionError(f"append at {prepared.first_offset} below {self.next_offset}")
+        position = self.size_bytes
+        if position + prepared.total_bytes > POSITION_MAX:
+            raise AssertionError(f"segment {self.base_offset} would exceed {POSITION_MAX} bytes")
+        offsets: list[tuple[int, int]] = []
+        times: list[tuple[int, int]] = []
+        pos, max_ts_position = position, self._max_ts_position
+        for base_offset, size_bytes, max_ts in prepared.metas:
+            if max_ts > self.builder.max_timestamp_ms:
+                max_ts_position = pos
+            self.builder.observe(
+                base_offset - self.base_offset, pos, size_bytes, max_ts, offsets, times
+            )
+            pos += size_bytes
+        _pwritev_fully(self.fd, prepared.buffers, position, prepared.total_bytes)
+        if offsets:
+            self.offset_index.append(offsets)
+        if times:
+            self.time_index.append(times)
+        if position == 0:
+            self.created_ms = now_ms
+        if pos != position + prepared.total_bytes:
+            raise AssertionError(f"segment end {pos} != {position} + {prepared.total_bytes}")
+        self.size_bytes = pos
+        self.next_offset = prepared.next_offset
+        self._max_ts_position = max_ts_position
+        self.data_dirty = True
+
+    def can_hold(self, prepared: PreparedAppend) -> bool:
+        """Whether offsets and positions of `prepared` fit this segment's u32 encodings."""
+        last_rel = prepared.next_offset - 1 - self.base_offset
+        return last_rel <= REL_OFFSET_MAX and self.size_bytes + prepared.total_bytes <= POSITION_MAX
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _walk(self, start: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch in [start, end); `start` must be a batch boundary."""
+        pos, window, window_pos = start, b"", start
+        while pos < end:
+            rel = pos - window_pos
+            if rel + BATCH_HEADER_BYTES > len(window):
+                want = max(BATCH_HEADER_BYTES, min(WALK_WINDOW_BYTES, end - pos))
+                window, window_pos, rel = os.pread(self.fd, want, pos), pos, 0
+                if len(window) < BATCH_HEADER_BYTES:
+                    raise CorruptLogError(f"{self.log_path}: torn header at {pos}")
+            header = read_header(window, rel)
+            problem = header_problem(header, end - pos)
+            if problem is not None:
+                raise CorruptLogError(f"{self.log_path}: {problem} at position {pos}")
+            yield pos, header
+            pos += header.size_bytes
+
+    def headers(self, offset: int, end: int) -> Iterator[tuple[int, BatchHeader]]:
+        """Batches from the one containing `offset` (last_offset >= offset) up to `end` bytes."""
+        start = self.start_position(offset)
+        return self._walk(start, end) if start is not None else iter(())
+
+    def start_position(self, offset: int) -> int | None:
+        """Position of the first batch whose last offset is >= `offset`, None if none."""
+        if offset >= self.next_offset or self.size_bytes == 0:
+            return None
+        hinted = self._read_hints.get(offset)
+        if hinted is not None:
+            return hinted
+        start = (
+            self.offset_index.lookup(offset - self.base_offset) if offset > self.base_offset else 0
+        )
+        for pos, header in self._walk(start, self.size_bytes):
+            if header.last_offset >= offset:
+                return pos
+        raise CorruptLogError(
+            f"{self.log_path}: offset {offset} below {self.next_offset} not found"
+        )
+
+    def _first_at_or_after(self, offset: int, start: int) -> tuple[int, int]:
+        """(position, base offset) of the first batch from `start` with base >= `offset`."""
+        if offset >= self.next_offset:
+            return self.size_bytes, self.next_offset
+        pos = max(start, self.offset_index.lookup(offset - self.base_offset))
+        for p, header in self._walk(pos, self.size_bytes):
+            if header.base_offset >= offset:
+                return p, header.base_offset
+        return self.size_bytes, self.next_offset
+
+    def _last_fitting(self, start: int, limit: int) -> tuple[int, BatchHeader | None]:
+        """(boundary, header of the batch there) for the last batch boundary <= limit,
+        scanning from `start` (limit < size_bytes)."""
+        pos = max(start, self.offset_index.floor_position(limit))
+        for p, header in self._walk(pos, self.size_bytes):
+            if p + header.size_bytes > limit:
+                return p, header
+        return self.size_bytes, None
+
+    def span(
+        self, offset: int, budget_bytes: int, upper_offset: int, at_least_one: bool
+    ) -> tuple[int, int] | None:
+        """[start, end) of whole batches to return: from the batch containing `offset`, none
+        with base >= upper_offset, at most budget_bytes unless at_least_one and the first
+        batch alone is larger. None when no batch qualifies."""
+        start = self.start_position(offset)
+        if start is None:
+            return None
+        end, end_offset = self.size_bytes, self.next_offset
+        if upper_offset < self.next_offset:
+            end, end_offset = self._first_at_or_after(upper_offset, start)
+        if end - start > budget_bytes:
+            end, header = self._last_fitting(start, start + max(budget_bytes, 0))
+            end_offset = header.base_offset if header is not None else self.next_offset
+            if end == start and at_least_one and header is not None:
+                end, end_offset = start + header.size_bytes, header.last_offset + 1
+        if end <= start:
+            return None
+        if len(self._read_hints) >= READ_HINTS_MAX:
+            self._read_hints.clear()
+        self._read_hints[end_offset] = end
+        return start, end
+
+    def read_bytes(self, start: int, end: int) -> bytes:
+        if not 0 <= start <= end <= self.size_bytes:
+            raise AssertionError(f"read [{start}, {end}) outside [0, {self.size_bytes})")
+        data = os.pread(self.fd, end - start, start)
+        if len(data) != end - start:
+            raise CorruptLogError(
+                f"{self.log_path}: read {len(data)} of {end - start} bytes at {start}"
+            )
+        return data
+
+    def find_timestamp(self, timestamp_ms: int, min_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= timestamp_ms and offset
+        >= min_offset, at batch granularity except for uncompressed CreateTime batches."""
+        rel = self.time_index.lookup(timestamp_ms)
+        start = self.offset_index.lookup(rel) if rel is not None else 0
+        for pos, header in self._walk(start, self.size_bytes):
+            if header.last_offset < min_offset or header.max_timestamp < timestamp_ms:
+                continue
+            return self._refine_timestamp(pos, header, timestamp_ms, min_offset)
+        return None
+
+    def _refine_timestamp(self, pos: int, header: BatchHeader, timestamp_ms: int, min_offset: int):
+        batch_answer = (max(header.base_offset, min_offset), header.max_timestamp)
+        if header.attributes & (ATTR_COMPRESSION_MASK | ATTR_LOG_APPEND_TIME):
+            return batch_answer  # compressed: records are opaque here; LogAppendTime: all equal
+        found = first_record_at_or_after(
+            self.read_bytes(pos, pos + header.size_bytes), header, timestamp_ms, min_offset
+        )
+        return found or batch_answer
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """(max timestamp, offset of the first record holding it), None without timestamps.
+        Record-exact for uncompressed CreateTime batches; else the batch's base offset
+        (LogAppendTime: every record has it) or last offset (compressed, records opaque)."""
+        top = self.builder.max_timestamp_ms
+        if top < 0 or self.size_bytes == 0:
+            return None
+        if self._max_ts_position is None:
+            self._max_ts_position = self._locate_max_timestamp(top)
+        pos = self._max_ts_position
+        header = read_header(self.read_bytes(pos, pos + BATCH_HEADER_BYTES))
+        if header.attributes & ATTR_LOG_APPEND_TIME:
+            return top, header.base_offset
+        if header.attributes & ATTR_COMPRESSION_MASK:
+            return top, header.last_offset
+        found = first_record_at_or_after(
+            self.read_bytes(pos, pos + header.size_bytes), header, top, 0
+        )
+        return top, found[0] if found else header.last_offset
+
+    def _locate_max_timestamp(self, top: int) -> int:
+        """After a trusted load the max may predate the last time entry (T_i, O_i): the first
+        batch holding T_i lies between the previous entry's batch and O_i's."""
+        i = bisect_left(self.time_index.timestamps, top)
+        start = 0
+        if 0 < i <= len(self.time_index):
+            start = self.offset_index.lookup(self.time_index.rel_offsets[i - 1])
+        for pos, header in self._walk(start, self.size_bytes):
+            if header.max_timestamp == top:
+                return pos
+        raise CorruptLogError(f"{self.log_path}: no batch holds max timestamp {top}")
+
+    # -- durability and lifetime ----------------------------------------------------------------
+
+    def take_dirty_fds(self) -> list[int]:
+        """Duplicated fds of the files that need an fsync (the caller closes them), so that the
+        flushing thread never races a close of the originals."""
+        fds = []
+        if self.data_dirty:
+            fds.append(os.dup(self.fd))
+            self.data_dirty = False
+        if self.index_dirty:
+            fds.extend((os.dup(self.offset_index.fd), os.dup(self.time_index.fd)))
+            self.index_dirty = False
+        return fds
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+            self.offset_index.close()
+            self.time_index.close()
+
+    def delete(self) -> None:
+        """Closes and unlinks the files; the .log goes first so a crash leaves only orphan
+        indexes, which the next open removes."""
+        self.close()
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

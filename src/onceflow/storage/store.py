@@ -1,0 +1,300 @@
+"""`Store`: the data directory - topics, their partitions' logs, durable topic metadata.
+
+Theory of operation
+-------------------
+`topics.meta` (a checked file, see layout.py) is the single source of truth: a JSON list of
+topics with name, topic id, partition count, config overrides and a `deleting` flag. Every
+change writes the whole file atomically (temp + fsync + rename + fsync of the directory)
+*before* the change becomes visible, so after a crash the directory is always described by
+the last completed change:
+
+* create_topic / create_partitions: metadata first, then the partition directories
+  (`<topic>-<partition>`) are created by opening their logs; a crash in between leaves missing
+  directories, which the next open creates empty.
+* delete_topic: the topic is first marked `deleting` (so it is gone for every reader), then
+  its directories are removed, then the entry is dropped. The next open finishes any deletion
+  a crash interrupted, so a deleted topic never comes back and its files never linger.
+
+All methods take one lock; the broker calls them from its event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onceflow.storage.config import LogConfig, validate_topic_configs
+from onceflow.storage.layout import (
+    CorruptFileError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    TopicExistsError,
+    UnknownTopicError,
+    fsync_dir,
+    read_checked_file,
+    write_checked_file,
+)
+from onceflow.storage.log import PartitionLog
+
+logger = logging.getLogger(__name__)
+
+TOPICS_META_FILE = "topics.meta"
+TOPICS_META_MAGIC = b"OFTM"
+TOPICS_META_VERSION = 1
+TOPIC_NAME_CHARS_MAX = 249  # Kafka's limit: leaves room for "-<partition>" in a file name
+PARTITIONS_PER_TOPIC_MAX = 10_000  # each partition holds open files; a peer picks the count
+_LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    topic_id: uuid.UUID
+    num_partitions: int
+    configs: dict[str, str] = field(default_factory=dict)  # overrides only, as given
+    replication_factor: int = 1  # recorded for Metadata/Describe; storage keeps one copy
+
+
+def _new_topic_id() -> uuid.UUID:
+    """A random UUID that, like Kafka's, never prints (URL-safe base64) with a leading '-'."""
+    while True:
+        topic_id = uuid.uuid4()
+        if not base64.urlsafe_b64encode(topic_id.bytes).startswith(b"-"):
+            return topic_id
+
+
+def validate_topic_name(name: str) -> None:
+    """Raises InvalidTopicError unless `name` is a legal Kafka topic name."""
+    if not name or name in (".", ".."):
+        raise InvalidTopicError(f"Topic name {name!r} is illegal")
+    if len(name) > TOPIC_NAME_CHARS_MAX:
+        raise InvalidTopicError(f"Topic name is longer than {TOPIC_NAME_CHARS_MAX} characters")
+    if not _LEGAL_TOPIC_NAME.fullmatch(name):
+        raise InvalidTopicError(
+            f"Topic name {name!r} contains characters other than [a-zA-Z0-9._-]"
+        )
+
+
+def _collision_key(name: str) -> str:
+    return name.replace(".", "_")  # Kafka: '.' and '_' collide in metric names
+
+
+class Store:
+    """The data directory (see the module docstring)."""
+
+    def __init__(
+        self, data_dir: Path, now_ms: int, *, log_defaults: Mapping[str, str] | None = None
+    ):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._now_ms = now_ms
+        self._log_defaults = validate_topic_configs(log_defaults or {})
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicInfo] = {}
+        self._deleting: dict[str, TopicInfo] = {}
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._load_meta()
+        for info in list(self._deleting.values()):
+            self._finish_delete(info)
+        for info in self._topics.values():
+            self._open_partitions(info, range(info.num_partitions))
+        self._warn_unknown_dirs()
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def topics(self) -> dict[str, TopicInfo]:
+        with self._lock:
+            return dict(self._topics)
+
+    def partition(self, topic: str, index: int) -> PartitionLog:
+        with self._lock:
+            log = self._logs.get((topic, index))
+        if log is None:
+            raise UnknownTopicError(f"unknown topic partition {topic}-{index}")
+        return log
+
+    def log_config(self, topic: str) -> LogConfig:
+        with self._lock:
+            return self._config_of(self._topic(topic).configs)
+
+    # -- changes --------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        configs: Mapping[str, str],
+        *,
+        replication_factor: int = 1,
+    ) -> TopicInfo:
+        """Raises InvalidTopicError, TopicExistsError, InvalidPartitionsError or
+        InvalidConfigError; on success the topic is durable and its logs are open."""
+        validate_topic_name(name)
+        _check_partition_count(num_partitions)
+        overrides = validate_topic_configs(configs)
+        self._config_of(overrides)  # the layered result must be valid too
+        with self._lock:
+            if name in self._topics:
+                raise TopicExistsError(f"Topic '{name}' already exists.")
+            clash = [t for t in self._topics if _collision_key(t) == _collision_key(name)]
+            if clash:
+                raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {clash[0]}")
+            if name in self._deleting:
+                self._finish_delete(self._deleting[name])
+            info = TopicInfo(
+                name, _new_topic_id(), num_partitions, dict(overrides), replication_factor
+            )
+            self._topics[name] = info
+            self._save_meta_or_undo(lambda: self._topics.pop(name))
+            self._open_partitions(info, range(num_partitions))
+            return info
+
+    def delete_topic(self, name: str) -> None:
+        with self._lock:
+            info = self._topic(name)
+            del self._topics[name]
+            self._deleting[name] = info
+            self._save_meta()
+            self._finish_delete(info)
+
+    def create_partitions(self, name: str, total_count: int) -> None:
+        """Grows a topic to `total_count` partitions (InvalidPartitionsError if not larger)."""
+        _check_partition_count(total_count)
+        with self._lock:
+            info = self._topic(name)
+            if total_count <= info.num_partitions:
+                raise InvalidPartitionsError(
+                    f"Topic currently has {info.num_partitions} partitions, which is higher than "
+                    f"or equal to the requested {total_count}."
+                )
+            self._topics[name] = dataclasses.replace(info, num_partitions=total_count)
+            self._save_meta_or_undo(lambda: self._topics.__setitem__(name, info))
+            self._open_partitions(self._topics[name], range(info.num_partitions, total_count))
+
+    def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
+        """Replaces the topic's config overrides with `configs` (InvalidConfigError)."""
+        overrides = validate_topic_configs(configs)
+        config = self._config_of(overrides)
+        with self._lock:
+            info = self._topic(name)
+            self._topics[name] = dataclasses.replace(info, configs=dict(overrides))
+            self._save_meta_or_undo(lambda: self._topics.__setitem__(name, info))
+            for index in range(info.num_partitions):
+                self._logs[(name, index)].update_config(config)
+
+    def close(self) -> None:
+        """Closes every log cleanly (flush + clean-shutdown state)."""
+        with self._lock:
+            logs, self._logs = list(self._logs.values()), {}
+        errors = []
+        for log in logs:
+            try:
+                log.close()
+            except Exception as exc:  # noqa: BLE001 - close the others, then report
+                logger.error("closing %s failed: %s", log.directory, exc)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _topic(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicError(f"unknown topic {name}")
+        return info
+
+    def _config_of(self, overrides: Mapping[str, str]) -> LogConfig:
+        return LogConfig.from_topic_configs(overrides, self._log_defaults)
+
+    def _partition_dir(self, topic: str, index: int) -> Path:
+        return self.data_dir / f"{topic}-{index}"
+
+    def _open_partitions(self, info: TopicInfo, indexes: range) -> None:
+        config = self._config_of(info.configs)
+        for index in indexes:
+            path = self._partition_dir(info.name, index)
+            self._logs[(info.name, index)] = PartitionLog.open(path, config, self._now_ms)
+
+    def _finish_delete(self, info: TopicInfo) -> None:
+        """Removes the directories of a topic marked deleting, then its metadata entry."""
+        for index in range(info.num_partitions):
+            log = self._logs.pop((info.name, index), None)
+            if log is not None:
+                log.discard()
+            path = self._partition_dir(info.name, index)
+            if path.exists():
+                shutil.rmtree(path)
+        fsync_dir(self.data_dir)
+        del self._deleting[info.name]
+        self._save_meta()
+
+    def _warn_unknown_dirs(self) -> None:
+        known = {self._partition_dir(t, i).name for (t, i) in self._logs}
+        for path in self.data_dir.iterdir():
+            if path.is_dir() and path.name not in known:
+                logger.warning(
+                    "%s: directory not described by %s; left alone", path, TOPICS_META_FILE
+                )
+
+    def _load_meta(self) -> None:
+        path = self.data_dir / TOPICS_META_FILE
+        try:
+            _, payload = read_checked_file(path, TOPICS_META_MAGIC, (TOPICS_META_VERSION,))
+        except FileNotFoundError:
+            self._save_meta()  # a first start: from now on the file always exists
+            return
+        try:
+            entries = json.loads(payload)["topics"]
+            for entry in entries:
+                info = TopicInfo(
+                    entry["name"],
+                    uuid.UUID(entry["topic_id"]),
+                    int(entry["num_partitions"]),
+                    dict(entry["configs"]),
+                    int(entry["replication_factor"]),
+                )
+                (self._deleting if entry["deleting"] else self._topics)[info.name] = info
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptFileError(f"{path}: CRC ok but content invalid: {exc}") from exc
+
+    def _save_meta(self) -> None:
+        entries = [
+            {
+                "name": info.name,
+                "topic_id": str(info.topic_id),
+                "num_partitions": info.num_partitions,
+                "configs": info.configs,
+                "replication_factor": info.replication_factor,
+                "deleting": deleting,
+            }
+            for deleting, table in ((False, self._topics), (True, self._deleting))
+            for info in table.values()
+        ]
+        payload = json.dumps({"topics": entries}, sort_keys=True, indent=1).encode()
+        write_checked_file(
+            self.data_dir / TOPICS_META_FILE, TOPICS_META_MAGIC, TOPICS_META_VERSION, payload
+        )
+
+    def _save_meta_or_undo(self, undo) -> None:
+        try:
+            self._save_meta()
+        except BaseException:
+            undo()
+            raise
+
+
+def _check_partition_count(count: int) -> None:
+    if not 1 <= count <= PARTITIONS_PER_TOPIC_MAX:
+        raise InvalidPartitionsError(
+            f"Number of partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}]: {count}"
+        )

@@ -1,0 +1,140 @@
+"""GroupCommitter: coalescing, ordering, failures, disabled fsync, draining on close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import NOW_MS
+from storage_batches import make_batch
+
+from onceflow.storage import GroupCommitter, LogFailedError
+
+
+class SlowLog:
+    """Stands in for a PartitionLog: each flush takes `delay_s` and is counted."""
+
+    def __init__(self, delay_s: float = 0.005, error: BaseException | None = None) -> None:
+        self.delay_s, self.error, self.flushes = delay_s, error, 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+
+
+def test_many_requesters_few_flushes():
+    committer = GroupCommitter(fsync_enabled=True)
+    log = SlowLog()
+    per_thread, threads_n = 20, 8
+
+    def requester():
+        for _ in range(per_thread):
+            committer.request_flush(log).result(timeout=10)
+
+    threads = [threading.Thread(target=requester) for _ in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    committer.close()
+    stats = committer.statistics()
+    assert stats.requests == per_thread * threads_n and stats.failures == 0
+    assert log.flushes == stats.flushes < stats.requests / 2
+
+
+class GateLog:
+    """A flush that signals it started and then waits to be released."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def flush(self) -> None:
+        self.started.set()
+        assert self.release.wait(10)
+
+
+def test_each_log_flushed_once_per_round():
+    committer = GroupCommitter(fsync_enabled=True)
+    blocker, a, b = GateLog(), SlowLog(0), SlowLog(0)
+    first = committer.request_flush(blocker)
+    assert blocker.started.wait(10)  # the thread is busy: the next requests queue up
+    futures = [committer.request_flush(log) for log in (a, b, a, a, b)]
+    blocker.release.set()
+    for f in [first, *futures]:
+        assert f.result(timeout=5) is None
+    assert (a.flushes, b.flushes) == (1, 1)
+    committer.close()
+
+
+def test_failed_flush_sets_exception_on_its_futures_only(caplog):
+    committer = GroupCommitter(fsync_enabled=True)
+    bad, good = SlowLog(0.02, OSError(5, "EIO")), SlowLog(0)
+    futures = [
+        committer.request_flush(bad),
+        committer.request_flush(bad),
+        committer.request_flush(good),
+    ]
+    with pytest.raises(OSError):
+        futures[0].result(timeout=5)
+    with pytest.raises(OSError):
+        futures[1].result(timeout=5)
+    assert futures[2].result(timeout=5) is None
+    committer.close()
+    assert committer.statistics().failures >= 1
+    assert any(r.levelname == "CRITICAL" for r in caplog.records)
+
+
+def test_disabled_resolves_immediately():
+    committer = GroupCommitter(fsync_enabled=False)
+    log = SlowLog()
+    assert committer.request_flush(log).done() and log.flushes == 0
+    committer.close()
+
+
+def test_close_drains_pending_then_refuses():
+    committer = GroupCommitter(fsync_enabled=True)
+    log = SlowLog(0.01)
+    futures = [committer.request_flush(log) for _ in range(5)]
+    committer.close()
+    assert all(f.done() and f.exception() is None for f in futures)
+    with pytest.raises(RuntimeError):
+        committer.request_flush(log)
+
+
+def test_futures_cannot_be_cancelled_out_of_resolution():
+    committer = GroupCommitter(fsync_enabled=True)
+    future = committer.request_flush(SlowLog(0.01))
+    assert not future.cancel()
+    assert future.result(timeout=5) is None
+    committer.close()
+
+
+def test_real_log_durable_after_future(open_log):
+    log = open_log()
+    committer = GroupCommitter(fsync_enabled=True)
+    info = log.append([make_batch(3)], NOW_MS)
+    committer.request_flush(log).result(timeout=10)
+    assert log.recovery_point_offset >= info.end_position
+    committer.close()
+
+
+def test_fsync_failure_fails_the_log(open_log, monkeypatch):
+    log = open_log()
+    log.append([make_batch(1)], NOW_MS)
+
+    def broken_fsync(fd):
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr("onceflow.storage.log.os.fsync", broken_fsync)
+    committer = GroupCommitter(fsync_enabled=True)
+    with pytest.raises(LogFailedError):
+        committer.request_flush(log).result(timeout=10)
+    committer.close()
+    monkeypatch.undo()
+    with pytest.raises(LogFailedError):
+        log.append([make_batch(1)], NOW_MS)
+    with pytest.raises(LogFailedError):
+        log.flush()

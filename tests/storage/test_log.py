@@ -1,0 +1,219 @@
+"""PartitionLog: append/read round trips, index lookups, rolling, timestamps, retention."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import NOW_MS
+from storage_batches import crc_ok, make_batch, split_batches, with_base_offset
+
+from onceflow.storage import LogConfig, OffsetOutOfRange
+from onceflow.storage.layout import read_header
+
+
+def append_n(log, counts, now_ms=NOW_MS, **kw):
+    """Appends one batch per record count; returns the batches as stored (offsets assigned)."""
+    stored = []
+    for n in counts:
+        batch = make_batch(n, **kw)
+        info = log.append([memoryview(batch)], now_ms)
+        stored.append(with_base_offset(batch, info.first_offset))
+    return stored
+
+
+def test_append_assigns_offsets_and_read_round_trips(open_log):
+    log = open_log()
+    b1, b2 = make_batch(3, base_offset=77), make_batch(2)
+    info = log.append([b1, b2], NOW_MS)
+    assert (info.first_offset, info.last_offset, info.end_position) == (0, 4, 5)
+    assert info.log_append_time_ms == -1
+    assert log.log_end_offset == 5
+    data = log.read(0, 1 << 20, 1 << 62)
+    assert data == with_base_offset(b1, 0) + with_base_offset(b2, 3)
+    info2 = log.append([make_batch(1)], NOW_MS)
+    assert info2.first_offset == 5 and log.log_end_offset == 6
+
+
+def test_read_starts_at_batch_containing_offset_and_stops_before_upper(open_log):
+    log = open_log()
+    stored = append_n(log, [3, 3, 3])  # offsets 0-2, 3-5, 6-8
+    assert log.read(4, 1 << 20, 100) == b"".join(stored[1:])
+    assert log.read(4, 1 << 20, 6) == stored[1]  # batch at 6 excluded
+    assert log.read(4, 1 << 20, 7) == b"".join(stored[1:])  # base 6 < 7: included whole
+    assert log.read(9, 1 << 20, 100) == b""
+    assert log.read(3, 1 << 20, 3) == b""
+
+
+def test_read_max_bytes_whole_batches_and_at_least_one(open_log):
+    log = open_log()
+    stored = append_n(log, [5, 5, 5, 5])
+    size = len(stored[0])
+    assert log.read(0, size * 2, 100) == stored[0] + stored[1]
+    assert log.read(0, size * 2 + size - 1, 100) == stored[0] + stored[1]
+    assert log.read(0, 10, 100) == stored[0]  # KIP-74: one batch even if larger
+    assert log.read(0, 0, 100) == stored[0]
+
+
+def test_offset_out_of_range(open_log):
+    log = open_log()
+    append_n(log, [2])
+    with pytest.raises(OffsetOutOfRange):
+        log.read(3, 100, 100)
+    with pytest.raises(OffsetOutOfRange):
+        log.read(-1, 100, 100)
+    assert log.read(2, 100, 100) == b""
+
+
+def test_index_lookup_finds_every_offset(open_log):
+    log = open_log(LogConfig(index_interval_bytes=200))
+    stored = append_n(log, [1, 2, 3, 4, 5] * 20)
+    assert len(log._segments[-1].offset_index) > 10
+    offset = 0
+    for batch in stored:
+        h = read_header(batch)
+        for o in range(h.base_offset, h.last_offset + 1):
+            assert log.read(o, 1, 1 << 62) == batch
+        offset = h.last_offset + 1
+    assert offset == log.log_end_offset
+
+
+def test_roll_by_size_and_reads_span_segments(open_log):
+    batch_size = len(make_batch(10))
+    log = open_log(LogConfig(segment_bytes=batch_size * 3))
+    stored = append_n(log, [10] * 10)
+    assert log.segment_base_offsets == [0, 30, 60, 90]
+    assert log.read(0, 1 << 20, 1 << 62) == b"".join(stored)
+    assert log.read(25, batch_size * 4, 1 << 62) == b"".join(stored[2:6])
+    assert log.read(35, 1 << 20, 70) == b"".join(stored[3:7])
+
+
+def test_roll_by_time_uses_first_append_time(open_log):
+    log = open_log(LogConfig(segment_ms=1000))
+    append_n(log, [1], now_ms=NOW_MS)
+    append_n(log, [1], now_ms=NOW_MS + 999)
+    assert len(log.segment_base_offsets) == 1
+    append_n(log, [1], now_ms=NOW_MS + 1000)
+    assert log.segment_base_offsets == [0, 2]
+    append_n(log, [1], now_ms=NOW_MS + 1500)
+    assert log.segment_base_offsets == [0, 2]
+
+
+def test_roll_when_index_full(open_log):
+    log = open_log(LogConfig(index_interval_bytes=0, segment_index_bytes=36))  # 3 entries
+    append_n(log, [1] * 10)
+    assert len(log.segment_base_offsets) > 2
+    assert all(len(s.offset_index) <= 3 for s in log._segments)
+
+
+def test_log_append_time_stamps_header_and_crc(open_log):
+    log = open_log(LogConfig(message_timestamp_type="LogAppendTime"))
+    info = log.append([make_batch(3, base_timestamp_ms=5)], NOW_MS + 7)
+    assert info.log_append_time_ms == NOW_MS + 7
+    stored = log.read(0, 1 << 20, 100)
+    header = read_header(stored)
+    assert header.max_timestamp == NOW_MS + 7 and header.timestamp_type == 1
+    assert crc_ok(stored)
+    plain = open_log(name="t-1").append([make_batch(1)], NOW_MS, log_append_time=True)
+    assert plain.log_append_time_ms == NOW_MS
+
+
+def test_partition_leader_epoch_rewritten(open_log):
+    log = open_log()
+    log.append([make_batch(2)], NOW_MS, partition_leader_epoch=9)
+    stored = log.read(0, 1 << 20, 100)
+    assert read_header(stored).partition_leader_epoch == 9 and crc_ok(stored)
+
+
+def test_offset_for_timestamp(open_log):
+    log = open_log(LogConfig(index_interval_bytes=100, segment_bytes=1000))
+    for i in range(40):  # batch i: 4 records, timestamps 1000*i + 0, 10, 20, 30
+        log.append([make_batch(4, base_timestamp_ms=1000 * i, timestamp_step_ms=10)], NOW_MS)
+    assert len(log.segment_base_offsets) > 2
+    assert log.offset_for_timestamp(0) == (0, 0)
+    assert log.offset_for_timestamp(5000) == (20, 5000)
+    assert log.offset_for_timestamp(5011) == (22, 5020)  # record-level inside the batch
+    assert log.offset_for_timestamp(5031) == (24, 6000)
+    assert log.offset_for_timestamp(39_030) == (159, 39_030)
+    assert log.offset_for_timestamp(39_031) is None
+
+
+def test_retention_by_time_deletes_old_segments_never_active(open_log):
+    size = len(make_batch(1))
+    log = open_log(LogConfig(segment_bytes=size * 2, retention_ms=1000))
+    for i in range(6):
+        log.append([make_batch(1, base_timestamp_ms=NOW_MS + 1000 * i)], NOW_MS)
+    assert log.segment_base_offsets == [0, 2, 4]
+    assert log.enforce_retention(NOW_MS + 1000) == 0
+    assert log.enforce_retention(NOW_MS + 2001) == 1  # segment 0 newest = NOW+1000
+    assert log.log_start_offset == 2
+    with pytest.raises(OffsetOutOfRange):
+        log.read(1, 100, 100)
+    assert log.enforce_retention(NOW_MS + 10**9) == 1  # the active segment stays
+    assert log.segment_base_offsets == [4] and log.log_start_offset == 4
+    assert read_header(log.read(4, 1 << 20, 100)).base_offset == 4
+
+
+def test_retention_by_size(open_log):
+    size = len(make_batch(1))
+    log = open_log(LogConfig(segment_bytes=size * 2, retention_ms=-1, retention_bytes=size * 3))
+    append_n(log, [1] * 7)  # segments [0,1] [2,3] [4,5] [6]
+    assert log.enforce_retention(NOW_MS) == 2  # 7 -> 3 batches' worth is the floor
+    assert log.segment_base_offsets == [4, 6] and log.size_bytes == size * 3
+    assert log.enforce_retention(NOW_MS) == 0
+
+
+def test_retention_skipped_for_compact_policy(open_log):
+    log = open_log(LogConfig(segment_bytes=100, retention_ms=0, cleanup_policy="compact"))
+    append_n(log, [1] * 4)
+    assert log.enforce_retention(NOW_MS + 10**9) == 0
+
+
+def test_delete_records_before(open_log):
+    size = len(make_batch(2))
+    log = open_log(LogConfig(segment_bytes=size * 2))
+    stored = append_n(log, [2] * 6)  # segments [0-3] [4-7] [8-11]
+    assert log.delete_records_before(5) == 5
+    assert log.segment_base_offsets == [4, 8]
+    with pytest.raises(OffsetOutOfRange):
+        log.read(4, 100, 100)
+    assert log.read(5, 1 << 20, 100) == b"".join(stored[2:])  # batch containing 5
+    assert log.delete_records_before(3) == 5  # never moves backwards
+    with pytest.raises(OffsetOutOfRange):
+        log.delete_records_before(13)
+    assert log.delete_records_before(12) == 12
+    assert log.read(12, 100, 100) == b""
+
+
+def test_batches_from_replays_headers(open_log):
+    log = open_log(LogConfig(segment_bytes=300))
+    append_n(log, [2] * 10, producer_id=7, producer_epoch=1, base_sequence=0)
+    headers = list(log.batches_from(5))
+    assert [h.base_offset for h in headers] == list(range(4, 20, 2))
+    assert all(h.producer_id == 7 for h in headers)
+    assert list(log.batches_from(20)) == []
+
+
+def test_flush_advances_recovery_point(open_log):
+    log = open_log()
+    append_n(log, [3])
+    assert log.recovery_point_offset == 0
+    log.flush()
+    assert log.recovery_point_offset == 3
+    info = log.append([make_batch(1)], NOW_MS)
+    log.flush_to(info.end_position)
+    assert log.recovery_point_offset == 4
+
+
+def test_append_rejects_partial_batch(open_log):
+    log = open_log()
+    with pytest.raises(AssertionError):
+        log.append([make_batch(2)[:-1]], NOW_MS)
+    assert log.log_end_offset == 0
+
+
+def test_many_batches_in_one_append(open_log):
+    log = open_log(LogConfig(index_interval_bytes=64))
+    batches = [make_batch(1) for _ in range(3000)]  # more than IOV_MAX buffers
+    info = log.append(batches, NOW_MS)
+    assert info.last_offset == 2999
+    data = log.read(0, 1 << 30, 1 << 62)
+    assert split_batches(data) == [with_base_offset(b, i) for i, b in enumerate(batches)]
