@@ -1,0 +1,64 @@
+"""Request handlers, one module per API family, registered by API key.
+
+A handler is `async def handle(ctx, body) -> dict | None`: it gets the decoded kio
+request body and returns the response as plain data (built by `protocol.codec.build_response`), or
+None when Kafka sends no response (Produce with acks=0). Its synchronous part runs
+before its first `await`, and the connection starts handlers in arrival order, so
+state changes (appends) happen in request order even when waits overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from onceflow.broker.state import BrokerState, now_ms
+from onceflow.protocol.apis import SUPPORTED, ApiKey
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestContext:
+    broker: BrokerState
+    node_id: int               # the node this connection reached
+    api_key: int
+    api_version: int
+    client_id: str | None
+
+    def now_ms(self) -> int:
+        return now_ms()
+
+
+Handler = Callable[[RequestContext, Any], Awaitable[dict | None]]
+HANDLERS: dict[int, Handler] = {}
+
+_MODULES = (
+    "api_versions",
+    "metadata",
+    "produce",
+    "fetch",
+    "list_offsets",
+    "topics",
+    "configs",
+    "delete_records",
+    "coordinators",
+)
+
+
+def handles(api_key: ApiKey) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        assert api_key not in HANDLERS, f"two handlers for {api_key!r}"
+        HANDLERS[api_key] = handler
+        return handler
+
+    return register
+
+
+def load_all() -> dict[int, Handler]:
+    """Import every handler module; every advertised API must have a handler."""
+    for module in _MODULES:
+        importlib.import_module(f"{__name__}.{module}")
+    missing = sorted(ApiKey(key).name for key in SUPPORTED if key not in HANDLERS)
+    assert not missing, f"advertised in protocol.apis.SUPPORTED without a handler: {missing}"
+    return HANDLERS

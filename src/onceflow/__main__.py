@@ -1,0 +1,3 @@
+from onceflow.cli.app import main
+
+main()

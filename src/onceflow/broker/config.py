@@ -1,0 +1,54 @@
+"""Broker settings, with Kafka's names and defaults where Kafka has the setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+
+# socket.request.max.bytes: the largest frame a peer may send. Checked before the
+# body is read, so a hostile length prefix costs nothing.
+FRAME_BYTES_MAX = 100 * 1024 * 1024
+
+# How many requests of one connection may be in the broker at once (decoded, not
+# yet answered). Kafka mutes a connection after one; we let a few overlap so one
+# producer's fsync waits are shared (group commit), while appends keep their order.
+CONNECTION_REQUESTS_IN_FLIGHT_MAX = 8
+
+# Fetch long polls wait at most this long whatever the client asks (max_wait_ms
+# comes from the peer, so it is bounded too).
+FETCH_WAIT_MS_MAX = 30_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"                 # bind address
+    port: int = 9092                        # first node's port; 0 = pick free ports
+    advertised_host: str | None = None      # advertised.listeners host (default: host)
+    advertised_port: int | None = None      # first node's advertised port (default: port)
+    nodes: int = 1                          # node ids 0..nodes-1 on consecutive ports
+    cluster_id: str = "onceflow-cluster"
+    # Durability: with fsync on, an acks=all produce is answered only after its bytes
+    # are on disk (group-committed). Off: answered after the write to the page cache,
+    # which survives a process crash but not a power loss.
+    fsync: bool = True
+    frame_bytes_max: int = FRAME_BYTES_MAX
+    auto_create_topics: bool = True         # auto.create.topics.enable
+    num_partitions: int = 1                 # num.partitions (auto-created topics)
+    default_replication_factor: int = 1     # default.replication.factor
+    message_max_bytes: int = 1_048_588      # message.max.bytes (topic default)
+    retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+
+    def advertised(self, node_id: int, bound_port: int) -> tuple[str, int]:
+        """The host and port clients are told to use for `node_id`."""
+        host = self.advertised_host or self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if self.advertised_port is not None:
+            return host, self.advertised_port + node_id
+        return host, bound_port
+
+
+def new_cluster_id() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,147 @@
+"""Fetch: read whole batches per partition, long-polling until min_bytes arrive.
+
+Limits (KIP-74): `partition_max_bytes` per partition and `max_bytes` for the whole
+response, except that the first partition with data returns at least one whole
+batch even if it is larger, so a big batch never blocks a consumer. The upper
+bound of what is readable is the high watermark (read_uncommitted) or the last
+stable offset (read_committed).
+
+Long poll: when fewer than `min_bytes` are available and the client allows a
+wait, the handler registers a waiter on each requested partition and sleeps until
+an append wakes it or `max_wait_ms` passes, then reads again.
+
+Fetch sessions (KIP-227) are not created: the response carries session id 0,
+which tells clients to keep sending full fetch requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from kio.schema.errors import ErrorCode
+
+from onceflow.broker.config import FETCH_WAIT_MS_MAX
+from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.state import PartitionState
+from onceflow.storage import OffsetOutOfRange
+
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+# Fetch session epochs: -1 = full request without a session, 0 = ask for a new one.
+SESSIONLESS_EPOCHS = (-1, 0)
+
+
+@dataclasses.dataclass(slots=True)
+class _Wanted:
+    topic_key: object               # name (v<13) or topic id (v13+), echoed back
+    index: int
+    fetch_offset: int
+    partition_max_bytes: int
+    partition: PartitionState | None
+    error_code: ErrorCode = ErrorCode.none
+
+
+def last_stable_offset(partition: PartitionState) -> int:
+    """First offset of the earliest open transaction, or the high watermark."""
+    lso = getattr(partition, "last_stable_offset", None)
+    return partition.high_watermark if lso is None else lso
+
+
+def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
+    state = ctx.broker
+    wanted = []
+    for topic in body.topics:
+        by_id = hasattr(topic, "topic_id")
+        info = state.topic_by_id(topic.topic_id) if by_id else state.topic(topic.topic)
+        key = topic.topic_id if by_id else topic.topic
+        for p in topic.partitions:
+            item = _Wanted(key, p.partition, p.fetch_offset, p.partition_max_bytes, None)
+            if info is None:
+                item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+            elif (partition := state.partition(info.name, p.partition)) is None:
+                item.error_code = ErrorCode.unknown_topic_or_partition
+            elif state.leader(info, p.partition) != ctx.node_id:
+                item.error_code = ErrorCode.not_leader_or_follower
+            else:
+                item.partition = partition
+            wanted.append(item)
+    return wanted
+
+
+def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[list[dict], int, bool]:
+    """(partition responses, bytes read, whether any partition has an error)."""
+    responses, total, errors = [], 0, False
+    for item in wanted:
+        response = {"partition_index": item.index, "error_code": item.error_code,
+                    "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+                    "aborted_transactions": None if isolation == READ_UNCOMMITTED else [],
+                    "preferred_read_replica": -1, "records": b""}
+        partition = item.partition
+        if partition is None:
+            errors = True
+            responses.append(response)
+            continue
+        log = partition.log
+        lso = last_stable_offset(partition)
+        upper = lso if isolation == READ_COMMITTED else partition.high_watermark
+        response.update(high_watermark=partition.high_watermark, last_stable_offset=lso,
+                        log_start_offset=log.log_start_offset)
+        budget = min(item.partition_max_bytes, max_bytes - total)
+        try:
+            # The first partition with data gets at least one whole batch (KIP-74):
+            # log.read returns one even when it is larger than the budget.
+            records = log.read(item.fetch_offset, max(budget, 1), upper) if total == 0 or budget > 0 else b""
+        except OffsetOutOfRange:
+            response["error_code"] = ErrorCode.offset_out_of_range
+            errors = True
+            records = b""
+        response["records"] = records
+        total += len(records)
+        responses.append(response)
+    return responses, total, errors
+
+
+async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    partitions = [w.partition for w in wanted if w.partition is not None]
+    for partition in partitions:
+        partition.waiters.add(waiter)
+    try:
+        await asyncio.wait_for(waiter, timeout_s)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        for partition in partitions:
+            partition.waiters.discard(waiter)
+
+
+def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[dict]:
+    topics: dict[object, list[dict]] = {}
+    for item, response in zip(wanted, responses):
+        topics.setdefault(item.topic_key, []).append(response)
+    key = "topic_id" if by_id else "topic"
+    return [{key: k, "partitions": parts} for k, parts in topics.items()]
+
+
+@handles(ApiKey.FETCH)
+async def fetch(ctx: RequestContext, body) -> dict:
+    session_epoch = getattr(body, "session_epoch", -1)
+    if getattr(body, "session_id", 0) != 0 or session_epoch not in SESSIONLESS_EPOCHS:
+        return {"throttle_time": 0, "error_code": ErrorCode.fetch_session_id_not_found,
+                "session_id": 0, "responses": []}
+    isolation = getattr(body, "isolation_level", READ_UNCOMMITTED)
+    max_bytes = getattr(body, "max_bytes", 2**31 - 1)
+    wait_ms = min(int(body.max_wait.total_seconds() * 1000), FETCH_WAIT_MS_MAX)
+    deadline = time.monotonic() + wait_ms / 1000
+    wanted = _resolve(ctx, body)
+    while True:
+        responses, total, errors = _read_all(wanted, isolation, max_bytes)
+        remaining_s = deadline - time.monotonic()
+        if total >= body.min_bytes or errors or remaining_s <= 0 or not wanted:
+            break
+        await _wait_for_data(wanted, remaining_s)
+    by_id = bool(body.topics) and hasattr(body.topics[0], "topic_id")
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
+            "responses": _group(wanted, responses, by_id)}

@@ -1,0 +1,59 @@
+"""ListOffsets: earliest, latest, max timestamp, or the first offset at a timestamp.
+
+"Latest" is the high watermark, or the last stable offset under read_committed.
+"""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers.fetch import READ_COMMITTED, last_stable_offset
+
+# Special timestamps of ListOffsets (Kafka's ListOffsetsRequest).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
+
+
+def _max_timestamp(log) -> tuple[int, int]:
+    """(timestamp, offset) of the batch with the largest timestamp (a header scan)."""
+    best_ts, best_offset = -1, -1
+    for header in log.batches_from(log.log_start_offset):
+        if header.max_timestamp > best_ts:
+            best_ts, best_offset = header.max_timestamp, header.base_offset + header.last_offset_delta
+    return best_ts, best_offset
+
+
+def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
+    state = ctx.broker
+    result = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
+              "timestamp": -1, "offset": -1, "leader_epoch": state.cluster.leader_epoch}
+    info = state.topic(topic)
+    partition = state.partition(topic, p.partition_index) if info else None
+    if partition is None:
+        return {**result, "error_code": ErrorCode.unknown_topic_or_partition}
+    if state.leader(info, p.partition_index) != ctx.node_id:
+        return {**result, "error_code": ErrorCode.not_leader_or_follower}
+    log = partition.log
+    if p.timestamp == LATEST:
+        offset = last_stable_offset(partition) if isolation == READ_COMMITTED else partition.high_watermark
+        return {**result, "offset": offset}
+    if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return {**result, "offset": log.log_start_offset}
+    if p.timestamp == MAX_TIMESTAMP:
+        ts, offset = _max_timestamp(log)
+        return {**result, "timestamp": ts, "offset": offset}
+    found = log.offset_for_timestamp(p.timestamp)
+    if found is None:
+        return result   # no record at or after that timestamp: offset -1, as Kafka
+    offset, ts = found
+    return {**result, "offset": offset, "timestamp": ts}
+
+
+@handles(ApiKey.LIST_OFFSETS)
+async def list_offsets(ctx: RequestContext, body) -> dict:
+    isolation = getattr(body, "isolation_level", 0)
+    topics = [
+        {"name": t.name, "partitions": [_one(ctx, t.name, p, isolation) for p in t.partitions]}
+        for t in body.topics
+    ]
+    return {"throttle_time": 0, "topics": topics}

@@ -1,0 +1,107 @@
+"""Metadata and DescribeCluster: brokers, controller, topics and their leaders.
+
+Unknown topics named in a Metadata request are created when the broker allows it
+(`auto.create.topics.enable`) and the client asks for it, as Kafka does; internal
+topics are never auto-created.
+"""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers.topics import create_topic
+from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
+from onceflow.storage.store import TopicInfo
+
+# Kafka's sentinel for "authorized operations not requested".
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+
+
+def brokers(state: BrokerState) -> list[dict]:
+    return [
+        {"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
+        for n in state.cluster.live_nodes()
+    ]
+
+
+def _partition(state: BrokerState, info: TopicInfo, index: int) -> dict:
+    replicas = state.cluster.replicas(info.name, index, replication_factor(info))
+    live = [r for r in replicas if state.cluster.nodes[r].up]
+    return {
+        "error_code": ErrorCode.none,
+        "partition_index": index,
+        "leader_id": state.leader(info, index),
+        "leader_epoch": state.cluster.leader_epoch,
+        "replica_nodes": replicas,
+        "isr_nodes": live or [state.leader(info, index)],
+        "offline_replicas": [r for r in replicas if r not in live],
+    }
+
+
+def _topic(state: BrokerState, info: TopicInfo) -> dict:
+    return {
+        "error_code": ErrorCode.none,
+        "name": info.name,
+        "topic_id": info.topic_id,
+        "is_internal": info.name in INTERNAL_TOPICS,
+        "partitions": [_partition(state, info, i) for i in range(info.num_partitions)],
+        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _missing(name: str | None, topic_id, error: ErrorCode) -> dict:
+    return {"error_code": error, "name": name, "topic_id": topic_id, "partitions": []}
+
+
+def _lookup(ctx: RequestContext, requested, allow_create: bool) -> dict:
+    state = ctx.broker
+    name = getattr(requested, "name", None)
+    topic_id = getattr(requested, "topic_id", None)
+    if name is None and topic_id is not None:
+        info = state.topic_by_id(topic_id)
+        return _topic(state, info) if info else _missing(None, topic_id, ErrorCode.unknown_topic_id)
+    if topic_name_error(name):
+        return _missing(name, None, ErrorCode.invalid_topic_exception)
+    info = state.topic(name)
+    if info is None and allow_create and name not in INTERNAL_TOPICS:
+        create_topic(state, name, -1, -1, {}, ctx.now_ms())
+        info = state.topic(name)
+    if info is None:
+        return _missing(name, None, ErrorCode.unknown_topic_or_partition)
+    return _topic(state, info)
+
+
+@handles(ApiKey.METADATA)
+async def metadata(ctx: RequestContext, body) -> dict:
+    state = ctx.broker
+    requested = body.topics
+    if requested is None or (ctx.api_version == 0 and not requested):
+        topics = [_topic(state, info) for info in state.topics().values()]
+    else:
+        allow = state.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
+        topics = [_lookup(ctx, t, allow) for t in requested]
+    return {
+        "throttle_time": 0,
+        "brokers": brokers(state),
+        "cluster_id": state.config.cluster_id,
+        "controller_id": state.cluster.controller_id,
+        "topics": topics,
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+@handles(ApiKey.DESCRIBE_CLUSTER)
+async def describe_cluster(ctx: RequestContext, body) -> dict:
+    state = ctx.broker
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "cluster_id": state.config.cluster_id,
+        "controller_id": state.cluster.controller_id,
+        "brokers": [
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None}
+            for b in brokers(state)
+        ],
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }

@@ -1,0 +1,206 @@
+"""The asyncio pump: sockets in, frames to handlers, responses out in order.
+
+Theory of operation. Each node of the cluster view has one listener. A connection
+is an `asyncio.Protocol`: received bytes go into a sans-IO `FrameReader`; every
+complete frame is decoded and its handler started as a task, in arrival order (so
+the handlers' synchronous parts — the appends — run in that order). Responses are
+written strictly in request order by one writer coroutine per connection, as Kafka
+guarantees. At most `CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection
+are in the broker; past that the connection stops reading until one is answered.
+
+A peer that breaks the protocol (bad frame size, undecodable request, unknown API
+or version other than ApiVersions) has its connection closed; other connections
+carry on. A handler that raises is a bug of ours: it is logged with its traceback,
+counted, and that connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from onceflow.broker.cluster import Cluster, Node
+from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX, BrokerConfig
+from onceflow.broker.handlers import HANDLERS, ApiKey, RequestContext, load_all
+from onceflow.broker.state import BrokerState
+from onceflow.protocol.codec import (Request, api_versions_fallback, build_response, decode_request,
+                                    encode_response)
+from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
+from onceflow.protocol.framing import FrameReader
+
+log = logging.getLogger("onceflow.broker")
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: BrokerServer, node_id: int) -> None:
+        self._server = server
+        self._node_id = node_id
+        self._frames = FrameReader(server.config.frame_bytes_max)
+        self._pending: collections.deque[asyncio.Future[bytes | None]] = collections.deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+        self._closed = False
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  (uvloop's is not a subclass)
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._server.connections.discard(self)
+        self._can_write.set()
+        for task in self._pending:
+            task.cancel()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            self._frames.receive_data(data)
+            while (frame := self._frames.next_frame()) is not None:
+                self._start(frame)
+                if self._closed:
+                    return
+        except ProtocolError as exc:
+            self._drop(f"protocol error: {exc}")
+
+    # -- requests ---------------------------------------------------------
+
+    def _start(self, frame: bytes) -> None:
+        try:
+            request = decode_request(frame)
+        except UnsupportedVersion as exc:
+            if exc.header.api_key != ApiKey.API_VERSIONS:
+                self._drop(f"unsupported API {exc.header.api_key} v{exc.header.api_version}")
+                return
+            self._enqueue(_done(api_versions_fallback(exc.header)))
+            return
+        self._enqueue(asyncio.ensure_future(self._handle(request)))
+
+    def _enqueue(self, future: asyncio.Future[bytes | None]) -> None:
+        self._pending.append(future)
+        if len(self._pending) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX and not self._reading_paused:
+            self._reading_paused = True
+            assert self._transport is not None
+            self._transport.pause_reading()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_responses())
+
+    async def _handle(self, request: Request) -> bytes | None:
+        header = request.header
+        handler = HANDLERS.get(header.api_key)
+        if handler is None:  # advertised in apis.SUPPORTED but not implemented: our bug
+            raise RuntimeError(f"no handler for API key {header.api_key}")
+        ctx = RequestContext(
+            self._server.state, self._node_id, header.api_key, header.api_version, header.client_id
+        )
+        body = await handler(ctx, request.body)
+        if body is None:
+            return None
+        return encode_response(header, build_response(header, **body))
+
+    async def _write_responses(self) -> None:
+        while self._pending and not self._closed:
+            try:
+                payload = await self._pending[0]
+            except asyncio.CancelledError:
+                return
+            except Exception:
+                log.exception("handler failed; closing the connection")
+                self._server.handler_failures += 1
+                self._drop("handler failure")
+                return
+            self._pending.popleft()
+            if payload is not None and self._transport is not None:
+                self._transport.write(payload)
+                await self._can_write.wait()
+            if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
+                self._reading_paused = False
+                if self._transport is not None and not self._closed:
+                    self._transport.resume_reading()
+
+    def _drop(self, reason: str) -> None:
+        log.info("closing connection to node %d: %s", self._node_id, reason)
+        self._closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        self._drop("broker shutting down")
+
+
+def _done(payload: bytes) -> asyncio.Future[bytes | None]:
+    future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+    future.set_result(payload)
+    return future
+
+
+class BrokerServer:
+    """All listeners of one broker process and the state they share."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.state: BrokerState | None = None
+        self.connections: set[_Connection] = set()
+        self.handler_failures = 0
+        self._servers: list[asyncio.base_events.Server] = []
+        self._housekeeping: asyncio.Future[None] | None = None
+        load_all()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        assert self.state is not None, "start() first"
+        return ",".join(f"{n.host}:{n.port}" for n in self.state.cluster.nodes)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        nodes = []
+        for node_id in range(self.config.nodes):
+            port = self.config.port + node_id if self.config.port else 0
+            server = await loop.create_server(
+                lambda node_id=node_id: _Connection(self, node_id),
+                self.config.host,
+                port,
+                reuse_address=True,
+            )
+            self._servers.append(server)
+            bound_port = server.sockets[0].getsockname()[1]
+            host, advertised_port = self.config.advertised(node_id, bound_port)
+            nodes.append(Node(node_id, host, advertised_port))
+        self.state = BrokerState(self.config, Cluster(nodes))
+        self._housekeeping = asyncio.ensure_future(self._run_housekeeping())
+        log.info("onceflow broker up: %s (data dir %s)", self.bootstrap_servers, self.config.data_dir)
+
+    async def _run_housekeeping(self) -> None:
+        """Periodic work: retention (log.retention.check.interval.ms)."""
+        assert self.state is not None
+        interval_s = self.config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            self.state.enforce_retention()
+
+    async def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        for server in self._servers:
+            server.close()
+        for connection in list(self.connections):
+            connection.close()
+        for server in self._servers:
+            await server.wait_closed()
+        if self.state is not None:
+            self.state.close()
+        log.info("onceflow broker stopped cleanly")
+

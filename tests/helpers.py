@@ -1,0 +1,23 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+TIMEOUT_S = 15
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_factor: int = 1,
+                 config: dict[str, str] | None = None) -> str:
+    # Keep the AdminClient referenced until the result arrives: a collected client
+    # cancels its pending requests.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})])
+    futures[name].result(TIMEOUT_S)
+    return name
