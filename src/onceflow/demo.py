@@ -61,11 +61,11 @@ def main() -> None:
         bootstrap = broker.bootstrap_servers
         console.print(f"[bold]onceflow broker[/] on {bootstrap}, data in {DATA_DIR.resolve()}")
         topic = f"demo-{int(time.time())}"
-        AdminClient({"bootstrap.servers": bootstrap}).create_topics(
-            [NewTopic(topic, PARTITIONS, 1)])[topic].result(10)
+        admin = AdminClient({"bootstrap.servers": bootstrap})   # keep it alive until done
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(10)
         produce_s = produce(bootstrap, topic)
         seen, consume_s = consume(bootstrap, topic)
-    table = Table(title=f"topic {topic}: {RECORDS} records produced (acks=all, lz4) and read back")
+    table = Table(title=f"{topic}: {RECORDS:,} records, acks=all, lz4", title_justify="left")
     for column in ("partition", "records", "in order"):
         table.add_column(column)
     for partition, sequence in seen.items():
