@@ -133,3 +133,14 @@ def _assert_broker_serves(bootstrap: str) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(name, b"still here")
     assert producer.flush(TIMEOUT_S) == 0
+
+
+def test_api_versions_v3_validates_client_software(onceflow_broker):
+    with RawClient(onceflow_broker.bootstrap_servers) as client:
+        good = client.request(API_VERSIONS, 3, {"client_software_name": "my-app",
+                                                "client_software_version": "1.2.3"})
+        assert good.error_code == ErrorCode.none
+        assert {k.api_key for k in good.api_keys} >= {PRODUCE, METADATA, API_VERSIONS}
+        bad = client.request(API_VERSIONS, 3, {"client_software_name": "bad name!",
+                                               "client_software_version": "1"})
+        assert bad.error_code == ErrorCode.invalid_request
