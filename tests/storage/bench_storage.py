@@ -135,7 +135,9 @@ def main() -> None:
         directory = Path(tmp)
         raw_fsync(directory)
         append_fsync_1mib(directory)
-        group_commit(directory)
+        group_commit(directory, threads_n=1, partitions=1)
+        group_commit(directory, threads_n=32, partitions=1)
+        group_commit(directory, threads_n=32, partitions=4)
         throughput(directory)
 
 

@@ -217,3 +217,61 @@ def test_many_batches_in_one_append(open_log):
     assert info.last_offset == 2999
     data = log.read(0, 1 << 30, 1 << 62)
     assert split_batches(data) == [with_base_offset(b, i) for i, b in enumerate(batches)]
+
+
+def test_max_timestamp_exact_and_after_reopen(open_log):
+    config = LogConfig(index_interval_bytes=100, segment_bytes=1000)
+    log = open_log(config)
+    stamps = [500, 9_000, 700, 9_000, 800] + [1_000 + i for i in range(30)]
+    for ts in stamps:  # batch: 3 records at ts-20, ts-10, ts
+        log.append([make_batch(3, base_timestamp_ms=ts - 20, timestamp_step_ms=10)], NOW_MS)
+    assert log.max_timestamp() == (9_000, 5)  # first record holding the max
+    log.close()
+    reopened = open_log(config)
+    assert reopened.recovery.clean_shutdown
+    assert reopened.max_timestamp() == (9_000, 5)
+    assert open_log(name="empty").max_timestamp() is None
+
+
+def test_concurrent_append_read_flush(open_log):
+    """The broker appends and reads on one thread and flushes on another: readers must only
+    ever see whole batches, and the recovery point never passes the log end."""
+    import threading
+
+    log = open_log(LogConfig(segment_bytes=20_000, index_interval_bytes=256))
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def flusher():
+        while not stop.is_set():
+            log.flush()
+            if log.recovery_point_offset > log.log_end_offset:
+                problems.append("recovery point past LEO")
+
+    def reader():
+        while not stop.is_set():
+            leo = log.log_end_offset
+            data = log.read(max(0, leo - 50), 1 << 20, 1 << 62)
+            if not all(crc_ok(b) for b in split_batches(data)):
+                problems.append("bad batch")
+
+    threads = [threading.Thread(target=f) for f in (flusher, reader)]
+    for t in threads:
+        t.start()
+    for i in range(2000):
+        log.append([make_batch(1 + i % 5)], NOW_MS)
+    stop.set()
+    for t in threads:
+        t.join()
+    log.flush()
+    assert not problems and log.recovery_point_offset == log.log_end_offset
+    assert len(log.segment_base_offsets) > 3
+
+
+def test_read_budget_is_capped(open_log, monkeypatch):
+    monkeypatch.setattr("onceflow.storage.log.READ_BYTES_MAX", 1000)
+    log = open_log()
+    stored = append_n(log, [20] * 10)
+    assert len(stored[0]) > 200
+    data = log.read(0, 1 << 30, 1 << 62)
+    assert split_batches(data) == stored[: 1000 // len(stored[0])]

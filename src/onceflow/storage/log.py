@@ -17,11 +17,11 @@ segments wholly below the recovery point have durable data *and* indexes.
 
 Recovery (`open`). After `close()` the state file says "clean shutdown" and every segment is
 loaded trusting its indexes (only the headers after the last index entry are walked). After
-an unclean stop, every segment from the one ending after the recovery point onwards is
+an unclean stop, every segment from the one holding the recovery point onwards is
 re-validated batch by batch (length bounds, magic 2, CRC-32C, monotonic offsets); the log is
 truncated at the first bad byte and later segments are deleted, so the log is always a valid
 prefix. Recovered segments are fsync'd before the state file is rewritten (clean flag off)
-and `open` returns.
+and `open` returns. The loading itself lives in recovery.py.
 
 Threads. The broker calls append/read/retention from its event-loop thread and `flush` from
 the group-commit thread. `_lock` guards all in-memory state and every file access except the
@@ -31,6 +31,7 @@ reads proceed during an fsync. Reads hold the lock, so they see only whole batch
 published end of each segment. `_flush_lock` (always taken before `_lock`) serialises flushes
 and state-file writes, so a flush never returns before an overlapping one's fsyncs finished.
 A failed write or fsync marks the log failed: appends and flushes then raise LogFailedError.
+Mutations (append, retention, delete_records_before, close) must all come from one thread.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ logger = logging.getLogger(__name__)
 # Flushed bytes between checkpoints of the recovery point: bounds the re-validation after a
 # crash to about this much beyond one segment, at the cost of one small atomic file write.
 RECOVERY_CHECKPOINT_BYTES = 64 * 1024 * 1024
+# Most bytes one read returns (beyond a single oversized first batch): max_bytes comes from a
+# peer's fetch request; this keeps one fetch from pulling a whole segment into memory. Above
+# Kafka's broker-side fetch.max.bytes default (55 MiB), so it never binds for sane clients.
+READ_BYTES_MAX = 64 * 1024 * 1024
 
 
 class AppendInfo(NamedTuple):
@@ -216,7 +221,7 @@ class PartitionLog:
                 raise OffsetOutOfRange(f"offset {fetch_offset} outside [{self._log_start}, {leo}]")
             upper = min(upper_offset, leo)
             chunks: list[bytes] = []
-            budget, offset = max_bytes, fetch_offset
+            budget, offset = min(max_bytes, READ_BYTES_MAX), fetch_offset
             i = max(bisect_right(self._bases, offset) - 1, 0)
             while i < len(segments) and offset < upper:
                 seg = segments[i]
@@ -353,9 +358,8 @@ class PartitionLog:
                 raise OffsetOutOfRange(f"offset {offset} outside [0, {leo}]")
             if offset <= self._log_start:
                 return self._log_start
-            count = (
-                bisect_right(self._bases, offset) - 1
-            )  # segments whose successor starts <= offset
+            # Segments whose successor starts at or below `offset` hold nothing readable.
+            count = bisect_right(self._bases, offset) - 1
         self._delete_prefix(count, offset)
         return self._log_start
 

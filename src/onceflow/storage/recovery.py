@@ -119,7 +119,12 @@ def _load(
     # except the last such one (it may extend past the point).
     first_scan = len(bases) if clean else max(bisect_left(bases, recovery_point) - 1, 0)
     segments, scanned, report = _load_segments(directory, config, bases, first_scan, now_ms)
-    if clean and segments and not _matches_close(segments[-1], state):
+    if (
+        clean
+        and segments
+        and segments[-1] not in scanned
+        and not _matches_close(segments[-1], state)
+    ):
         logger.warning("%s: files differ from the clean-shutdown state; re-validating", directory)
         extra = _recover_segment(
             segments[-1], segments[-2].next_offset if len(segments) > 1 else 0, now_ms

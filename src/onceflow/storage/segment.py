@@ -361,7 +361,7 @@ class Segment:
     # -- appending ------------------------------------------------------------------------------
 
     def append(self, prepared: PreparedAppend, now_ms: int) -> None:
-        """Writes prepared batches at the end; the caller checked `fits` (or just rolled)."""
+        """Writes prepared batches at the end; the caller checked `can_hold` (or rolled)."""
         if prepared.first_offset < self.next_offset:
             raise AssertionError(f"append at {prepared.first_offset} below {self.next_offset}")
         position = self.size_bytes
