@@ -20,6 +20,10 @@ from onceflow.storage.store import TopicInfo
 PARTITIONS_PER_TOPIC_MAX = 10_000
 
 
+# What CreateTopics v5+ reports of each config (a subset of DescribeConfigs' entry).
+_CREATED_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sensitive")
+
+
 class TopicError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
@@ -72,7 +76,8 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
     info = info or ctx.broker.topic(topic.name)
     if info is not None:
         result["topic_id"] = info.topic_id
-        result["configs"] = describe_topic_configs(info, None)
+        result["configs"] = [{k: entry[k] for k in _CREATED_CONFIG_FIELDS}
+                             for entry in describe_topic_configs(info, None)]
     result["num_partitions"] = partitions if partitions != -1 else ctx.broker.config.num_partitions
     result["replication_factor"] = rf if rf != -1 else ctx.broker.config.default_replication_factor
     return result
