@@ -1,0 +1,315 @@
+"""The `__transaction_state` record format, and which partition a transactional id lives in.
+
+Theory of operation
+-------------------
+Everything the transaction coordinator must remember is one keyed record per transactional
+id in the compacted internal topic `__transaction_state`: the newest record of an id is its
+state, a tombstone (value None) forgets it. The layout is byte-for-byte Kafka's own
+(`TransactionLogKey.json` / `TransactionLogValue.json`, transaction-coordinator module), so
+Kafka tooling could read our topic:
+
+    key   = int16 version (0), TransactionalId string (int16 length + UTF-8)
+    value = int16 version, then
+        v0 (non-flexible):
+            ProducerId int64, ProducerEpoch int16, TransactionTimeoutMs int32,
+            TransactionStatus int8 (TxnState.id),
+            TransactionPartitions nullable array (int32 count, -1 = null) of
+                { Topic string (int16 length), PartitionIds array (int32 count) of int32 },
+            TransactionLastUpdateTimestampMs int64, TransactionStartTimestampMs int64
+        v1 (flexible, what we write - Kafka's layout with transaction.version 1):
+            the same fields, with compact strings/arrays (unsigned varint length + 1,
+            0 = null) and a tagged-field section after each struct; the value's tags:
+                0 PreviousProducerId int64 (default -1), 1 NextProducerId int64 (default -1),
+                2 ClientTransactionVersion int16 (default 0)
+            written only when different from the default, as Kafka's generated code does;
+            unknown tags are skipped (that is what tagged fields are for).
+
+Why v1: it keeps PreviousProducerId, which lets a KIP-360 retry of an InitProducerId that
+rotated the producer id (epoch exhaustion) be recognised after a reload. The producer's
+*last* epoch is not in either version (Kafka loads it as -1); see metadata.py.
+
+Kafka writes TransactionPartitions as null in Empty and ignores it on load in Empty.
+The partition of an id is Kafka's `abs(hashCode(id)) % transaction.state.log.num.partitions`
+- the same function the group coordinator uses for `__consumer_offsets`, imported from there.
+
+Decoding is bounded: every length and count is checked against the bytes that remain, and
+anything malformed raises `RecordFormatError` (the storage layer already checked the batch
+CRC, so this means a version we do not know or a bug: fail loudly).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from onceflow.coordinator.records import (  # shared with the group coordinator, not duplicated
+    Record,
+    RecordFormatError,
+    java_string_hashcode,
+    partition_for,
+)
+
+__all__ = [
+    "KEY_VERSION", "VALUE_VERSION_WRITTEN", "Record", "RecordFormatError", "TxnLogValue",
+    "decode_key", "decode_value", "encode_key", "encode_value", "java_string_hashcode",
+    "partition_for", "txn_record",
+]
+
+KEY_VERSION = 0  # TransactionLogKey has one version
+VALUE_VERSION_WRITTEN = 1  # flexible; see the module docstring
+_VALUE_VERSIONS = (0, 1)
+_FLEXIBLE_FROM = 1
+
+TAG_PREVIOUS_PRODUCER_ID = 0
+TAG_NEXT_PRODUCER_ID = 1
+TAG_CLIENT_TRANSACTION_VERSION = 2
+NO_PRODUCER_ID = -1
+
+# Strings in the key and topic names carry an int16 length in v0 (Kafka's readString also
+# caps compact strings at Short.MAX_VALUE).
+STRING_BYTES_MAX = 0x7FFF
+_VARINT_BYTES_MAX = 5  # an unsigned varint of an int32 takes at most 5 bytes
+_PARTITION_BYTES = 4
+# smallest encoding of one PartitionsSchema entry: empty topic + empty id array
+# (+ its tagged-field count in v1)
+_TOPIC_ENTRY_BYTES_MIN = {0: 2 + 4, 1: 1 + 1 + 1}
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+@dataclass(frozen=True, slots=True)
+class TxnLogValue:
+    """TransactionLogValue, field for field (names are Kafka's in snake_case)."""
+
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_status: int  # TxnState.id
+    # ((topic, (partition, ...)), ...); None = null (written in Empty)
+    transaction_partitions: tuple[tuple[str, tuple[int, ...]], ...] | None
+    transaction_last_update_timestamp_ms: int
+    transaction_start_timestamp_ms: int
+    previous_producer_id: int = NO_PRODUCER_ID  # tagged, v1+
+    next_producer_id: int = NO_PRODUCER_ID  # tagged, v1+ (transactions V2 only)
+    client_transaction_version: int = 0  # tagged, v1+
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _uvarint(n: int) -> bytes:
+    assert n >= 0
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _utf8(s: str) -> bytes:
+    data = s.encode()
+    if len(data) > STRING_BYTES_MAX:
+        raise RecordFormatError(f"string of {len(data)} bytes exceeds {STRING_BYTES_MAX}")
+    return data
+
+
+def _string(s: str, flexible: bool) -> bytes:
+    data = _utf8(s)
+    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
+
+
+def _array_head(count: int | None, flexible: bool) -> bytes:
+    if flexible:
+        return _uvarint(0 if count is None else count + 1)
+    return _I32.pack(-1 if count is None else count)
+
+
+def _tagged(fields: list[tuple[int, bytes]]) -> bytes:
+    return _uvarint(len(fields)) + b"".join(
+        _uvarint(tag) + _uvarint(len(data)) + data for tag, data in fields)
+
+
+def encode_key(transactional_id: str) -> bytes:
+    return _I16.pack(KEY_VERSION) + _string(transactional_id, flexible=False)
+
+
+def _encode_partitions(v: TxnLogValue, flexible: bool) -> bytes:
+    topics = v.transaction_partitions
+    out = [_array_head(None if topics is None else len(topics), flexible)]
+    for topic, partitions in topics or ():
+        out.append(_string(topic, flexible))
+        out.append(_array_head(len(partitions), flexible))
+        out.extend(_I32.pack(p) for p in partitions)
+        if flexible:
+            out.append(_tagged([]))
+    return b"".join(out)
+
+
+def encode_value(v: TxnLogValue, version: int = VALUE_VERSION_WRITTEN) -> bytes:
+    if version not in _VALUE_VERSIONS:
+        raise RecordFormatError(f"cannot write TransactionLogValue version {version}")
+    flexible = version >= _FLEXIBLE_FROM
+    body = [
+        _I16.pack(version), _I64.pack(v.producer_id), _I16.pack(v.producer_epoch),
+        _I32.pack(v.transaction_timeout_ms), _I8.pack(v.transaction_status),
+        _encode_partitions(v, flexible),
+        _I64.pack(v.transaction_last_update_timestamp_ms),
+        _I64.pack(v.transaction_start_timestamp_ms),
+    ]
+    if flexible:
+        tags = []
+        if v.previous_producer_id != NO_PRODUCER_ID:
+            tags.append((TAG_PREVIOUS_PRODUCER_ID, _I64.pack(v.previous_producer_id)))
+        if v.next_producer_id != NO_PRODUCER_ID:
+            tags.append((TAG_NEXT_PRODUCER_ID, _I64.pack(v.next_producer_id)))
+        if v.client_transaction_version != 0:
+            tags.append((TAG_CLIENT_TRANSACTION_VERSION, _I16.pack(v.client_transaction_version)))
+        body.append(_tagged(tags))
+    return b"".join(body)
+
+
+def txn_record(transactional_id: str, value: TxnLogValue | None) -> Record:
+    """The record to append: a value, or a tombstone (None) that forgets the id."""
+    return Record(encode_key(transactional_id), None if value is None else encode_value(value))
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _Reader:
+    """Bounded big-endian reader over one key or value."""
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self._buf = memoryview(buf)
+        self._pos = 0
+
+    def remaining(self) -> int:
+        return len(self._buf) - self._pos
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or n > self.remaining():
+            raise RecordFormatError(f"need {n} bytes at {self._pos}, {self.remaining()} left")
+        view = self._buf[self._pos:self._pos + n]
+        self._pos += n
+        return view
+
+    def int8(self) -> int:
+        return _I8.unpack(self.take(1))[0]
+
+    def int16(self) -> int:
+        return _I16.unpack(self.take(2))[0]
+
+    def int32(self) -> int:
+        return _I32.unpack(self.take(4))[0]
+
+    def int64(self) -> int:
+        return _I64.unpack(self.take(8))[0]
+
+    def uvarint(self) -> int:
+        result = shift = 0
+        for _ in range(_VARINT_BYTES_MAX):
+            byte = self.take(1)[0]
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+        raise RecordFormatError("unsigned varint longer than 5 bytes")
+
+    def string(self, flexible: bool) -> str:
+        n = self.uvarint() - 1 if flexible else self.int16()
+        if n < 0 or n > STRING_BYTES_MAX:
+            raise RecordFormatError(f"bad string length {n}")
+        try:
+            return bytes(self.take(n)).decode()
+        except UnicodeDecodeError as exc:
+            raise RecordFormatError(f"string is not UTF-8: {exc}") from None
+
+    def array_count(self, flexible: bool, entry_bytes_min: int) -> int | None:
+        """Element count (None = null), checked against the bytes that remain."""
+        n = self.uvarint() - 1 if flexible else self.int32()
+        if n == -1:
+            return None
+        if n < 0 or n * entry_bytes_min > self.remaining():
+            raise RecordFormatError(f"array count {n} does not fit {self.remaining()} bytes")
+        return n
+
+    def done(self) -> None:
+        if self.remaining():
+            raise RecordFormatError(f"{self.remaining()} trailing bytes")
+
+
+def decode_key(data: bytes) -> str:
+    """The transactional id of a `__transaction_state` key."""
+    r = _Reader(data)
+    version = r.int16()
+    if version != KEY_VERSION:
+        raise RecordFormatError(f"unknown __transaction_state key version {version}")
+    transactional_id = r.string(flexible=False)
+    r.done()
+    return transactional_id
+
+
+def _decode_partitions(r: _Reader, version: int) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    flexible = version >= _FLEXIBLE_FROM
+    count = r.array_count(flexible, _TOPIC_ENTRY_BYTES_MIN[version])
+    if count is None:
+        return None
+    topics = []
+    for _ in range(count):
+        topic = r.string(flexible)
+        n = r.array_count(flexible, _PARTITION_BYTES)
+        if n is None:
+            raise RecordFormatError("null PartitionIds array")
+        topics.append((topic, tuple(r.int32() for _ in range(n))))
+        if flexible:
+            _skip_tags(r)
+    return tuple(topics)
+
+
+def _skip_tags(r: _Reader) -> dict[int, bytes]:
+    """Read a tagged-field section; returns {tag: raw bytes}."""
+    fields: dict[int, bytes] = {}
+    count = r.uvarint()
+    if count > r.remaining():
+        raise RecordFormatError(f"{count} tagged fields cannot fit {r.remaining()} bytes")
+    for _ in range(count):
+        tag = r.uvarint()
+        fields[tag] = bytes(r.take(r.uvarint()))
+    return fields
+
+
+def _tag_int(fields: dict[int, bytes], tag: int, fmt: struct.Struct, default: int) -> int:
+    raw = fields.get(tag)
+    if raw is None:
+        return default
+    if len(raw) != fmt.size:
+        raise RecordFormatError(f"tagged field {tag} has {len(raw)} bytes, expected {fmt.size}")
+    return fmt.unpack(raw)[0]
+
+
+def decode_value(data: bytes) -> TxnLogValue:
+    r = _Reader(data)
+    version = r.int16()
+    if version not in _VALUE_VERSIONS:
+        raise RecordFormatError(f"unknown TransactionLogValue version {version}")
+    producer_id = r.int64()
+    producer_epoch = r.int16()
+    timeout_ms = r.int32()
+    status = r.int8()
+    partitions = _decode_partitions(r, version)
+    last_update_ms = r.int64()
+    start_ms = r.int64()
+    tags = _skip_tags(r) if version >= _FLEXIBLE_FROM else {}
+    r.done()
+    return TxnLogValue(
+        producer_id, producer_epoch, timeout_ms, status, partitions, last_update_ms, start_ms,
+        previous_producer_id=_tag_int(tags, TAG_PREVIOUS_PRODUCER_ID, _I64, NO_PRODUCER_ID),
+        next_producer_id=_tag_int(tags, TAG_NEXT_PRODUCER_ID, _I64, NO_PRODUCER_ID),
+        client_transaction_version=_tag_int(tags, TAG_CLIENT_TRANSACTION_VERSION, _I16, 0),
+    )
