@@ -471,6 +471,12 @@ def _decode_header(view: memoryview) -> tuple[RequestHeader, int]:
 
 def encode_response(header: RequestHeader, body: Any) -> bytes:
     """Frame, header and body of the response to `header`, ready to send."""
+    return b"".join(encode_response_chunks(header, body))
+
+
+def encode_response_chunks(header: RequestHeader, body: Any) -> list[bytes | memoryview]:
+    """The same frame as `encode_response`, as buffers for `writelines`: large
+    record blobs (Fetch) are referenced, not copied."""
     codec = _api_codec(header.api_key, header.api_version)
     if type(body) is not codec.response_type:
         raise TypeError(
@@ -480,7 +486,10 @@ def encode_response(header: RequestHeader, body: Any) -> bytes:
     prefix = _CORRELATION_ID.pack(header.correlation_id)
     if codec.response_header_flexible:
         prefix += _NO_TAGGED_FIELDS
-    return _encode_frame(prefix, codec.write_response, body)
+    out = _ChunkWriter()
+    out.write(prefix)
+    codec.write_response(out, body)
+    return out.framed()
 
 
 def api_versions_fallback(header: RequestHeader) -> bytes:
@@ -512,6 +521,45 @@ def encode_request(header: RequestHeader, body: Any) -> bytes:
     if codec.flexible:
         prefix += _NO_TAGGED_FIELDS
     return _encode_frame(prefix, codec.write_request, body)
+
+
+class _ChunkWriter:
+    """A write-only buffer that keeps large writes as references (scatter-gather).
+
+    kio's writers call `write` for every field; small ones are gathered into one
+    bytearray, and anything of at least `_CHUNK_BY_REFERENCE_BYTES` (record blobs)
+    is kept as its own chunk, so a Fetch response never copies its records.
+    """
+
+    __slots__ = ("_chunks", "_small", "_size")
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes | memoryview] = []
+        self._small = bytearray()
+        self._size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        length = len(data)
+        self._size += length
+        if length < _CHUNK_BY_REFERENCE_BYTES:
+            self._small += data
+            return length
+        if self._small:
+            self._chunks.append(bytes(self._small))
+            self._small = bytearray()
+        self._chunks.append(data if isinstance(data, (bytes, memoryview)) else bytes(data))
+        return length
+
+    def framed(self) -> list[bytes | memoryview]:
+        """The chunks behind a 4-byte size prefix."""
+        if self._small:
+            self._chunks.append(bytes(self._small))
+            self._small = bytearray()
+        return [FRAME_SIZE.pack(self._size), *self._chunks]
+
+
+# Below this a write is cheaper to copy than to keep as a separate buffer.
+_CHUNK_BY_REFERENCE_BYTES = 16 * 1024
 
 
 def _encode_frame(prefix: bytes, write_body: Callable[[Any, Any], None], body: Any) -> bytes:
