@@ -1,0 +1,142 @@
+"""The admin endpoint: a small opt-in HTTP server for fault injection and metrics.
+
+    onceflow broker --admin-port 9644
+    curl localhost:9644/metrics                                  # Prometheus text format
+    curl localhost:9644/faults                                   # rules and nodes (JSON)
+    curl -X POST localhost:9644/faults -d '{"kind": "drop_responses", "api": "produce", "count": 3}'
+    curl -X DELETE localhost:9644/faults                         # every rule gone, nodes up
+    curl -X DELETE localhost:9644/faults/4                       # rule 4 gone
+
+Theory of operation. It runs on the broker's event loop, next to the Kafka listeners,
+and only when `admin_port` is set (it has no authentication: bind it to a trusted
+interface). Each connection carries one HTTP/1.1 request and is closed after the
+answer. `route()` is a pure function from (method, path, body) to (status, content
+type, body) over the broker's `FaultInjector` and `BrokerMetrics`; the socket code
+around it only reads a bounded request and writes the answer. Invalid rules are
+answered 400 with {"error": "..."}; nothing a peer sends can raise past `_serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from onceflow.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from onceflow.broker.server import BrokerServer
+
+log = logging.getLogger("onceflow.broker.admin")
+
+# A request line and headers longer than this are not from our CLI or curl.
+REQUEST_HEAD_BYTES_MAX = 16 * 1024
+# A fault rule is a few dozen bytes of JSON.
+REQUEST_BODY_BYTES_MAX = 64 * 1024
+# A client that does not finish its request within this long is dropped.
+REQUEST_READ_TIMEOUT_S = 10.0
+JSON_TYPE = "application/json"
+
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found",
+            405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error"}
+
+Answer = tuple[int, str, bytes]
+
+
+def _json(status: int, value: Any) -> Answer:
+    return status, JSON_TYPE, json.dumps(value, indent=1).encode() + b"\n"
+
+
+def route(server: BrokerServer, method: str, path: str, body: bytes) -> Answer:
+    """The answer to one admin request."""
+    path = path.split("?", 1)[0].rstrip("/") or "/"
+    faults = server.faults
+    if path == "/metrics":
+        if method != "GET":
+            return _json(405, {"error": "use GET"})
+        assert server.state is not None
+        return 200, METRICS_CONTENT_TYPE, server.state.metrics.render()
+    if path == "/faults":
+        if method == "GET":
+            return _json(200, {"rules": faults.rules(), "nodes": faults.nodes()})
+        if method == "POST":
+            return _add_rule(server, body)
+        if method == "DELETE":
+            return _json(200, {"cleared": faults.clear(), "nodes": faults.nodes()})
+        return _json(405, {"error": "use GET, POST or DELETE"})
+    if path.startswith("/faults/") and method == "DELETE":
+        rule_id = path.removeprefix("/faults/")
+        if not rule_id.isdigit() or not faults.remove(int(rule_id)):
+            return _json(404, {"error": f"no active rule {rule_id}"})
+        return _json(200, {"removed": int(rule_id)})
+    return _json(404, {"error": "unknown path; try /metrics or /faults"})
+
+
+def _add_rule(server: BrokerServer, body: bytes) -> Answer:
+    try:
+        spec = json.loads(body or b"{}")
+        if not isinstance(spec, dict):
+            raise ValueError("the body must be a JSON object")
+        return _json(201, server.faults.add(spec))
+    except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        return _json(400, {"error": str(exc)})
+
+
+class AdminServer:
+    """The HTTP listener (see the module docstring)."""
+
+    def __init__(self, server: BrokerServer) -> None:
+        self._server = server
+        self._listener: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._server.config.advertised(0, self.port)[0]}:{self.port}"
+
+    async def start(self, host: str, port: int) -> None:
+        self._listener = await asyncio.start_server(self._serve, host, port,
+                                                    limit=REQUEST_HEAD_BYTES_MAX,
+                                                    reuse_address=True)
+        self.port = self._listener.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            answer = await asyncio.wait_for(self._answer(reader), REQUEST_READ_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError, ValueError):
+            answer = _json(400, {"error": "malformed or incomplete HTTP request"})
+        except Exception:  # a bug of ours: log it, answer 500, keep the broker up
+            log.exception("admin request failed")
+            answer = _json(500, {"error": "internal error; see the broker log"})
+        status, content_type, payload = answer
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
+                "Connection: close\r\n\r\n")
+        try:
+            writer.write(head.encode() + payload)
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, reader: asyncio.StreamReader) -> Answer:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
+        method, path, _version = request_line.split(" ", 2)
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        if not 0 <= length <= REQUEST_BODY_BYTES_MAX:
+            return _json(413, {"error": f"body over {REQUEST_BODY_BYTES_MAX} bytes"})
+        body = await reader.readexactly(length) if length else b""
+        return route(self._server, method.upper(), path, body)

@@ -1,0 +1,112 @@
+"""Broker metrics for Prometheus: requests, errors by request and code, duplicates, faults.
+
+Theory of operation. One `BrokerMetrics` per broker, on its own `CollectorRegistry`
+(several embedded brokers may live in one process, and each counts only its own
+traffic). The server calls `observe_response(api_key, body)` once per answered
+request: it counts the request (Kafka's `RequestsPerSec`) and every `error_code`
+found anywhere in the response body, NONE included, labelled by request name and
+error name — Kafka's `kafka.network:type=RequestMetrics,name=ErrorsPerSec,
+request=...,error=...`, which counts a Produce response's partitions one by one the
+same way. Handlers count domain events: `duplicate(topic)` for each retried batch
+recognised by the producer state (answered with its original offsets, nothing
+appended). Fault injection counts what it did in `fault_injected`.
+
+`render()` is the Prometheus text exposition of the registry, served at the admin
+endpoint's `GET /metrics` and read back by `onceflow broker stats`.
+
+Labels stay bounded: request names come from `ApiKey` (about 40), error names from
+Kafka's error table, topics from the broker's own topics. Counter children are cached
+per label tuple, so counting costs one dict lookup and one increment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from onceflow.protocol.apis import ApiKey
+
+__all__ = ["BrokerMetrics", "CONTENT_TYPE", "error_name", "request_name"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Response bodies are nested dicts and lists; nothing Kafka sends nests deeper than this,
+# and the walk stops there rather than recursing without bound.
+ERROR_WALK_DEPTH_MAX = 8
+
+
+def request_name(api_key: int) -> str:
+    """Kafka's request name: 22 -> "InitProducerId"."""
+    try:
+        return "".join(word.capitalize() for word in ApiKey(api_key).name.split("_"))
+    except ValueError:
+        return str(api_key)
+
+
+def error_name(code: int) -> str:
+    """Kafka's error name: 45 -> "OUT_OF_ORDER_SEQUENCE_NUMBER"."""
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return str(code)
+
+
+def error_codes(body: Any, depth: int = 0) -> Iterator[int]:
+    """Every `error_code` value in a plain response body (dicts and lists)."""
+    if depth > ERROR_WALK_DEPTH_MAX:
+        return
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if key == "error_code":
+                yield int(value)
+            elif isinstance(value, (dict, list, tuple)):
+                yield from error_codes(value, depth + 1)
+    elif isinstance(body, (list, tuple)):
+        for item in body:
+            if isinstance(item, (dict, list, tuple)):
+                yield from error_codes(item, depth + 1)
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter("onceflow_requests", "Requests answered, by request (API).",
+                                 ["request"], registry=self.registry)
+        self._errors = Counter(
+            "onceflow_errors", "Error codes returned, by request and error, NONE included "
+            "(Kafka's RequestMetrics ErrorsPerSec).", ["request", "error"], registry=self.registry)
+        self._duplicates = Counter(
+            "onceflow_producer_duplicates", "Retried producer batches recognised as duplicates: "
+            "answered with their original offsets, not appended again.", ["topic"],
+            registry=self.registry)
+        self._faults = Counter("onceflow_faults_injected", "Faults injected, by kind and request.",
+                               ["kind", "request"], registry=self.registry)
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, counter: Counter, *labels: str) -> Any:
+        key = (id(counter), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        return child
+
+    def observe_response(self, api_key: int, body: dict | None) -> None:
+        """Count one answered request and the error codes in its body (None: no response)."""
+        name = request_name(api_key)
+        self._child(self._requests, name).inc()
+        if body is None:
+            return
+        for code in error_codes(body):
+            self._child(self._errors, name, error_name(code)).inc()
+
+    def duplicate(self, topic: str) -> None:
+        self._child(self._duplicates, topic).inc()
+
+    def fault_injected(self, kind: str, api_key: int | None) -> None:
+        self._child(self._faults, kind, "*" if api_key is None else request_name(api_key)).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
