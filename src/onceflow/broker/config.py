@@ -39,6 +39,27 @@ class BrokerConfig:
     default_replication_factor: int = 1     # default.replication.factor
     message_max_bytes: int = 1_048_588      # message.max.bytes (topic default)
     retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms (1 day)
+    producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
+    # Opt-in HTTP admin endpoint (fault injection, Prometheus /metrics); None = off, 0 = any port.
+    admin_port: int | None = None
+    # Consumer groups (issue 4): Kafka's names and defaults; tests shrink them.
+    offsets_topic_num_partitions: int = 50               # offsets.topic.num.partitions
+    offsets_topic_segment_bytes: int = 104_857_600       # offsets.topic.segment.bytes
+    group_initial_rebalance_delay_ms: int = 3_000        # group.initial.rebalance.delay.ms
+    group_min_session_timeout_ms: int = 6_000            # group.min.session.timeout.ms
+    group_max_session_timeout_ms: int = 1_800_000        # group.max.session.timeout.ms
+    offsets_retention_ms: int = 7 * 24 * 3_600_000       # offsets.retention.minutes
+    offsets_compaction_interval_ms: int = 15_000         # log.cleaner.backoff.ms
+    # Transactions (issue 5): Kafka's names and defaults; tests shrink them.
+    transaction_state_num_partitions: int = 50           # transaction.state.log.num.partitions
+    transaction_state_segment_bytes: int = 104_857_600   # transaction.state.log.segment.bytes
+    transaction_max_timeout_ms: int = 900_000            # transaction.max.timeout.ms
+    transactional_id_expiration_ms: int = 7 * 24 * 3_600_000  # transactional.id.expiration.ms
+    # transaction.abort.timed.out.transaction.cleanup.interval.ms
+    transaction_abort_timed_out_cleanup_interval_ms: int = 10_000
+    # transaction.remove.expired.transaction.cleanup.interval.ms
+    transaction_remove_expired_cleanup_interval_ms: int = 3_600_000
 
     def advertised(self, node_id: int, bound_port: int) -> tuple[str, int]:
         """The host and port clients are told to use for `node_id`."""

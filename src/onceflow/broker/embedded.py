@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.broker.config import BrokerConfig
+from onceflow.broker.faults import FaultInjector
 from onceflow.broker.server import BrokerServer
 
 # How long start() and stop() wait for the broker thread before giving up loudly.
@@ -59,6 +60,16 @@ class Broker:
     def server(self) -> BrokerServer:
         assert self._server is not None, "the broker is not running"
         return self._server
+
+    @property
+    def faults(self) -> FaultInjector:
+        """Fault injection rules (docs/faults.md): `broker.faults.drop_responses("produce", 3)`."""
+        return self.server.faults
+
+    @property
+    def admin_url(self) -> str | None:
+        """The admin endpoint's URL when started with `admin_port=`, else None."""
+        return self.server.admin_url
 
     def start(self) -> Broker:
         assert self._thread is None, "already started"

@@ -12,6 +12,13 @@ A peer that breaks the protocol (bad frame size, undecodable request, unknown AP
 or version other than ApiVersions) has its connection closed; other connections
 carry on. A handler that raises is a bug of ours: it is logged with its traceback,
 counted, and that connection is closed.
+
+Hooks. Fault injection (broker/faults.py) sees each accepted connection once
+(`refuses`) and each request once (`intercept`, which hands back the handler's
+coroutine untouched unless a rule fires). Every answered request is counted in the
+metrics (broker/metrics.py). Periodic work runs in one task per job: retention and
+producer-id expiry. The admin HTTP endpoint (broker/admin.py) starts only when
+`admin_port` is configured.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import asyncio
 import collections
 import logging
 
+from onceflow.broker.admin import AdminServer
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX, BrokerConfig
+from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, ApiKey, RequestContext, load_all
 from onceflow.broker.state import BrokerState
 from onceflow.protocol.codec import (Request, api_versions_fallback, build_response, decode_request,
-                                    encode_response)
+                                    encode_response_chunks)
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import FrameReader
 
@@ -47,8 +56,16 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------
 
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  (uvloop's is not a subclass)
+        if self._server.faults.refuses(self._node_id):
+            self._drop("fault injection: connection refused")
+            return
+        self._client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
         self._server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -87,7 +104,9 @@ class _Connection(asyncio.Protocol):
                 return
             self._enqueue(_done(api_versions_fallback(exc.header)))
             return
-        self._enqueue(asyncio.ensure_future(self._handle(request)))
+        work = self._server.faults.intercept(request, self._node_id, self._handle(request),
+                                             self._drop)
+        self._enqueue(asyncio.ensure_future(work))
 
     def _enqueue(self, future: asyncio.Future[bytes | None]) -> None:
         self._pending.append(future)
@@ -98,18 +117,20 @@ class _Connection(asyncio.Protocol):
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_responses())
 
-    async def _handle(self, request: Request) -> bytes | None:
+    async def _handle(self, request: Request) -> list[bytes | memoryview] | None:
         header = request.header
         handler = HANDLERS.get(header.api_key)
         if handler is None:  # advertised in apis.SUPPORTED but not implemented: our bug
             raise RuntimeError(f"no handler for API key {header.api_key}")
         ctx = RequestContext(
-            self._server.state, self._node_id, header.api_key, header.api_version, header.client_id
+            self._server.state, self._node_id, header.api_key, header.api_version, header.client_id,
+            self._client_host,
         )
         body = await handler(ctx, request.body)
+        self._server.state.metrics.observe_response(header.api_key, body)
         if body is None:
             return None
-        return encode_response(header, build_response(header, **body))
+        return encode_response_chunks(header, build_response(header, **body))
 
     async def _write_responses(self) -> None:
         while self._pending and not self._closed:
@@ -124,7 +145,10 @@ class _Connection(asyncio.Protocol):
                 return
             self._pending.popleft()
             if payload is not None and self._transport is not None:
-                self._transport.write(payload)
+                if isinstance(payload, list):   # scatter-gather: records are not copied
+                    self._transport.writelines(payload)
+                else:
+                    self._transport.write(payload)
                 await self._can_write.wait()
             if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
                 self._reading_paused = False
@@ -134,11 +158,26 @@ class _Connection(asyncio.Protocol):
     def _drop(self, reason: str) -> None:
         log.info("closing connection to node %d: %s", self._node_id, reason)
         self._closed = True
+        for task in self._pending:   # nobody will read their answers
+            task.cancel()
         if self._transport is not None:
             self._transport.abort()
 
-    def close(self) -> None:
-        self._drop("broker shutting down")
+    def close(self, reason: str = "broker shutting down") -> None:
+        self._drop(reason)
+
+
+def _client_host(transport: asyncio.BaseTransport) -> str:
+    """Kafka's client host: "/" + the peer's IP address (issue 4: DescribeGroups)."""
+    peer = transport.get_extra_info("peername")
+    return f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
+
+
+async def _every(interval_ms: int, job) -> None:
+    """Run `job()` every `interval_ms`, for ever (cancelled at stop)."""
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        job()
 
 
 def _done(payload: bytes) -> asyncio.Future[bytes | None]:
@@ -155,8 +194,10 @@ class BrokerServer:
         self.state: BrokerState | None = None
         self.connections: set[_Connection] = set()
         self.handler_failures = 0
+        self.faults = FaultInjector(self)
+        self.admin: AdminServer | None = None
         self._servers: list[asyncio.base_events.Server] = []
-        self._housekeeping: asyncio.Future[None] | None = None
+        self._housekeeping: list[asyncio.Future[None]] = []
         load_all()
 
     @property
@@ -180,20 +221,34 @@ class BrokerServer:
             host, advertised_port = self.config.advertised(node_id, bound_port)
             nodes.append(Node(node_id, host, advertised_port))
         self.state = BrokerState(self.config, Cluster(nodes))
-        self._housekeeping = asyncio.ensure_future(self._run_housekeeping())
+        self.state.groups.start()  # consumer groups (issue 4): load __consumer_offsets, timers
+        self.state.txns.crash_points = self.faults  # crash_after rules (tests)
+        self.state.txns.start()  # transactions (issue 5): load __transaction_state, timers
+        self.faults.attach(loop)
+        self._housekeeping = [
+            # log.retention.check.interval.ms
+            asyncio.ensure_future(_every(self.config.retention_check_interval_ms,
+                                         self.state.enforce_retention)),
+            # producer.id.expiration.check.interval.ms
+            asyncio.ensure_future(_every(self.config.producer_id_expiration_check_interval_ms,
+                                         self.state.expire_producers)),
+        ]
+        if self.config.admin_port is not None:
+            self.admin = AdminServer(self)
+            await self.admin.start(self.config.host, self.config.admin_port)
+            log.info("admin endpoint (faults, metrics) on %s", self.admin.url)
         log.info("onceflow broker up: %s (data dir %s)", self.bootstrap_servers, self.config.data_dir)
 
-    async def _run_housekeeping(self) -> None:
-        """Periodic work: retention (log.retention.check.interval.ms)."""
-        assert self.state is not None
-        interval_s = self.config.retention_check_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            self.state.enforce_retention()
+    @property
+    def admin_url(self) -> str | None:
+        """http://host:port of the admin endpoint, None when it is off."""
+        return None if self.admin is None else self.admin.url
 
     async def stop(self) -> None:
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
+        for task in self._housekeeping:
+            task.cancel()
+        if self.admin is not None:
+            await self.admin.stop()
         for server in self._servers:
             server.close()
         for connection in list(self.connections):

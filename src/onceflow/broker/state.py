@@ -1,24 +1,61 @@
 """What one broker process holds while it runs, shared by every handler.
 
 `BrokerState` owns the storage `Store`, the group committer (fsync), the cluster
-view and the per-partition runtime state (fetch waiters). Everything here runs on
-the broker's event loop thread, except the fsyncs, which the group committer does
-on its own thread.
+view, the producer id allocator, the metrics and the per-partition runtime state
+(fetch waiters, producer state). Everything here runs on the broker's event loop
+thread, except the fsyncs, which the group committer does on its own thread.
+
+Producer state (idempotence). Each `PartitionState` holds a `ProducerStateManager`
+that always equals a replay of its log. `PartitionState.append` is the one way
+batches enter a log: prepare (validate, mutate nothing), append, commit, in one
+synchronous step, so the next pipelined request is checked against this one. When
+an append rolls the log to a new segment, the state as of the new segment's base
+offset is snapshotted first (Kafka does the same). At a clean shutdown every
+partition snapshots at its log end. Opening a partition loads the newest valid
+snapshot and replays the batches after it, so a retry that arrives after a crash
+and restart is still recognised as a duplicate.
+
+Transactions (issue 5). The producer state also knows each partition's open
+transactions, hence its last stable offset (LSO: the first offset of the earliest
+transaction not yet decided, clamped to [log start, high watermark]); read_committed
+fetches stop there. When an ABORT marker completes a transaction, `append` records it
+in the aborted-transaction index of the marker's segment. Opening a partition rebuilds
+that index from the producer-state snapshot onward with the same replay, so after a
+crash both the LSO and the index equal what the log says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 import time
 from pathlib import Path
 
 from onceflow.broker.cluster import Cluster
 from onceflow.broker.config import BrokerConfig
+from onceflow.broker.metrics import BrokerMetrics
+from onceflow.protocol.records import EndTxnMarker, end_txn_marker
 from onceflow.storage.group_commit import GroupCommitter
-from onceflow.storage.log import PartitionLog
+from onceflow.storage.log import AppendInfo, PartitionLog
+from onceflow.storage.producer_ids import ProducerIdAllocator
+from onceflow.storage.producer_state import (
+    AppendOrigin,
+    AppendPlan,
+    BatchHeaderLike,
+    CompletedTxn,
+    Duplicate,
+    ProducerStateManager,
+    Rejected,
+)
 from onceflow.storage.store import Store, TopicInfo
+from onceflow.storage.txn_index import AbortedTxn
+
+logger = logging.getLogger("onceflow.broker")
+
+# The durable producer id counter, in the data directory (storage/producer_ids.py).
+PRODUCER_IDS_FILE = "producer_ids"
 
 # Kafka's rule for topic names (Topic.java): at most 249 characters of
 # [a-zA-Z0-9._-], and not "." or "..".
@@ -48,17 +85,70 @@ def now_ms() -> int:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class PartitionState:
-    """Runtime state of one partition: its log and the fetches waiting on it."""
+    """Runtime state of one partition: its log, its producers, the fetches waiting on it."""
 
     topic: str
     index: int
     log: PartitionLog
+    producers: ProducerStateManager = dataclasses.field(default_factory=ProducerStateManager)
     waiters: set[asyncio.Future[None]] = dataclasses.field(default_factory=set)
+    snapshot_fsync: bool = True
 
     @property
     def high_watermark(self) -> int:
         # One replica: everything written is replicated, so HW = LEO.
         return self.log.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the earliest undecided transaction, or the high watermark;
+        clamped to [log start, high watermark] (a transaction may have started in a deleted
+        segment). read_committed fetches and ListOffsets stop here."""
+        high_watermark = self.high_watermark
+        first_unstable = self.producers.first_unstable_offset()
+        if first_unstable is None:
+            return high_watermark
+        return min(max(first_unstable, self.log.log_start_offset), high_watermark)
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_offset) (fetch responses)."""
+        return self.log.aborted_transactions(fetch_offset, upper_offset)
+
+    def append(self, headers: list[BatchHeaderLike], batches: list, now_ms: int, *,
+               origin: AppendOrigin = AppendOrigin.CLIENT,
+               marker: EndTxnMarker | None = None) -> AppendInfo | Duplicate | Rejected:
+        """Prepare, append and commit `batches` in one synchronous step.
+
+        A `Duplicate` or `Rejected` appends nothing. Raises what `PartitionLog.append`
+        raises (LogFailedError), with the producer state unchanged.
+        """
+        plan = self.producers.prepare(headers, origin=origin, marker=marker)
+        if not isinstance(plan, AppendPlan):
+            return plan
+        active_base = self.log.segment_base_offsets[-1]
+        appended = self.log.append(batches, now_ms)
+        if self.log.segment_base_offsets[-1] != active_base:
+            # The log rolled before writing these batches: the state (not yet committed)
+            # is exactly that of the log below the new segment's base offset.
+            self.snapshot(appended.first_offset)
+        stamp = appended.log_append_time_ms
+        completed = self.producers.commit(plan, appended.first_offset, appended.last_offset,
+                                          log_append_time_ms=stamp if stamp >= 0 else None)
+        for txn in completed:
+            if txn.aborted:
+                self.log.append_aborted_txn(aborted_entry(txn))
+        self.producers.on_high_watermark_updated(self.high_watermark)
+        self.notify()
+        return appended
+
+    def snapshot(self, offset: int) -> None:
+        """Snapshot the producer state as of `offset` (exclusive). Best effort: a failed
+        snapshot only means a longer replay after a restart, so it is logged, not raised."""
+        try:
+            self.producers.write_snapshot(self.log.directory, offset, fsync=self.snapshot_fsync)
+        except OSError as exc:
+            logger.error("%s-%d: producer state snapshot at %d failed: %s",
+                      self.topic, self.index, offset, exc)
 
     def notify(self) -> None:
         """Wake every fetch waiting for data on this partition."""
@@ -75,12 +165,21 @@ class BrokerState:
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         self.store = Store(Path(config.data_dir), now_ms())
         self.committer = GroupCommitter(fsync_enabled=config.fsync)
+        self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
+                                                fsync=config.fsync)
+        self.metrics = BrokerMetrics()
         self._partitions: dict[tuple[str, int], PartitionState] = {}
         # Open (and so recover) every partition now, as Kafka loads its logs at
         # startup, rather than on first use.
         for name, info in self.topics().items():
             for index in range(info.num_partitions):
                 self.partition(name, index)
+        # Consumer groups (issue 4). Imported here: the runtime imports this module.
+        from onceflow.broker.group_runtime import GroupRuntime
+        self.groups = GroupRuntime(self)  # started by BrokerServer.start, closed by close()
+        # Transactions (issue 5); after groups: AddOffsetsToTxn uses their partitioning.
+        from onceflow.broker.txn_runtime import TxnRuntime
+        self.txns = TxnRuntime(self)  # started by BrokerServer.start, closed by close()
 
     # -- topics -------------------------------------------------------------
 
@@ -105,9 +204,17 @@ class BrokerState:
         info = self.topic(topic)
         if info is None or not 0 <= index < info.num_partitions:
             return None
-        state = PartitionState(topic, index, self.store.partition(topic, index))
+        partition_log = self.store.partition(topic, index)
+        producers = load_producer_state(partition_log, now_ms(),
+                                        self.config.producer_id_expiration_ms)
+        state = PartitionState(topic, index, partition_log, producers,
+                               snapshot_fsync=self.config.fsync)
         self._partitions[key] = state
         return state
+
+    def partitions(self) -> list[PartitionState]:
+        """The partitions opened so far (all of them: they are opened at startup)."""
+        return list(self._partitions.values())
 
     def forget_topic(self, name: str) -> None:
         for key in [k for k in self._partitions if k[0] == name]:
@@ -124,11 +231,58 @@ class BrokerState:
     def leader(self, info: TopicInfo, partition: int) -> int:
         return self.cluster.leader(info.name, partition, replication_factor(info))
 
+    def expire_producers(self) -> int:
+        """Forget producers idle for producer.id.expiration.ms; returns how many entries went."""
+        now, expiration_ms = now_ms(), self.config.producer_id_expiration_ms
+        return sum(len(p.producers.remove_expired(now, expiration_ms)) for p in self.partitions())
+
     def close(self) -> None:
+        self.txns.close()  # transactions (issue 5): timers, marker writes
+        self.groups.close()  # consumer groups (issue 4): timers and background tasks
         for state in self._partitions.values():
             state.notify()
+            # Clean shutdown: the next open loads this and replays nothing.
+            state.snapshot(state.log.log_end_offset)
         self.committer.close()
         self.store.close()
+
+
+def aborted_entry(txn: CompletedTxn) -> AbortedTxn:
+    return AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset,
+                      txn.last_stable_offset)
+
+
+def load_producer_state(partition_log: PartitionLog, now: int,
+                        expiration_ms: int) -> ProducerStateManager:
+    """The producer state of a just-opened log: newest valid snapshot, then a replay of
+    every idempotent or transactional batch after it (the log is the truth). The
+    aborted-transaction index is rebuilt from the snapshot on by the same replay: its
+    entries below the snapshot were made durable before the snapshot was written."""
+    producers = ProducerStateManager()
+    start = producers.load_latest_snapshot(
+        partition_log.directory, log_start_offset=partition_log.log_start_offset,
+        log_end_offset=partition_log.log_end_offset, now_ms=now,
+        producer_id_expiration_ms=expiration_ms)
+    partition_log.truncate_txn_index(start)
+    replayed = 0
+    for header in partition_log.batches_from(start):
+        if header.base_offset < start or header.producer_id < 0:
+            continue  # before the snapshot, or a plain producer's batch: no state
+        marker = None
+        if header.is_control:
+            marker = end_txn_marker(partition_log.read(header.base_offset, header.size_bytes,
+                                                       header.base_offset + 1))
+            if marker is None:
+                continue  # a control batch other than COMMIT/ABORT carries no producer state
+        for txn in producers.replay(header, header.base_offset, marker):
+            if txn.aborted:
+                partition_log.append_aborted_txn(aborted_entry(txn))
+        replayed += 1
+    producers.on_high_watermark_updated(partition_log.log_end_offset)
+    if replayed:
+        logger.info("%s: producer state rebuilt from offset %d (%d batches replayed)",
+                 partition_log.directory.name, start, replayed)
+    return producers
 
 
 def replication_factor(info: TopicInfo) -> int:

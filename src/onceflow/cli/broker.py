@@ -1,4 +1,4 @@
-"""`onceflow broker`: run a broker in the foreground."""
+"""`onceflow broker`: run a broker in the foreground (subcommands: `broker stats`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import typer
 
 from onceflow.cli.app import app
 
+# A group whose callback runs the broker when no subcommand is given, so that
+# `onceflow broker --port 9092` keeps working and `onceflow broker stats` can exist.
+broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running one.")
+app.add_typer(broker_app)
 
-@app.command()
+
+@broker_app.callback(invoke_without_command=True)
 def broker(
+    ctx: typer.Context,
     data_dir: Path = typer.Option(Path("data"), "--data-dir", help="Where the logs live."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
     port: int = typer.Option(9092, "--port", help="First node's port (0: any free port)."),
@@ -21,14 +27,39 @@ def broker(
                                help="fsync before answering acks=all (off: page cache only)."),
     num_partitions: int = typer.Option(1, "--num-partitions", help="Partitions of auto-created topics."),
     auto_create_topics: bool = typer.Option(True, "--auto-create-topics/--no-auto-create-topics"),
+    admin_port: int = typer.Option(
+        None, "--admin-port", min=0,
+        help="Serve fault injection and Prometheus /metrics over HTTP on this port (off by default)."),
+    # consumer groups (issue 4)
+    offsets_topic_partitions: int = typer.Option(
+        50, "--offsets-topic-partitions", min=1, help="Partitions of __consumer_offsets."),
+    group_initial_rebalance_delay_ms: int = typer.Option(
+        3_000, "--group-initial-rebalance-delay-ms", min=0,
+        help="How long a new group waits for more members before its first rebalance."),
+    group_min_session_timeout_ms: int = typer.Option(
+        6_000, "--group-min-session-timeout-ms", min=0,
+        help="Smallest session timeout a consumer may ask for."),
+    # transactions (issue 5)
+    transaction_state_partitions: int = typer.Option(
+        50, "--transaction-state-partitions", min=1, help="Partitions of __transaction_state."),
+    transaction_abort_interval_ms: int = typer.Option(
+        10_000, "--transaction-abort-interval-ms", min=1,
+        help="How often transactions past their timeout are looked for (and aborted)."),
 ) -> None:
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
+    if ctx.invoked_subcommand is not None:
+        return
     from onceflow.broker.config import BrokerConfig
     from onceflow.broker.main import run_broker
 
     config = BrokerConfig(
         data_dir=data_dir, host=host, port=port, nodes=nodes, advertised_host=advertised_host,
         advertised_port=advertised_port, fsync=fsync, num_partitions=num_partitions,
-        auto_create_topics=auto_create_topics,
+        auto_create_topics=auto_create_topics, admin_port=admin_port,
+        offsets_topic_num_partitions=offsets_topic_partitions,
+        group_initial_rebalance_delay_ms=group_initial_rebalance_delay_ms,
+        group_min_session_timeout_ms=group_min_session_timeout_ms,
+        transaction_state_num_partitions=transaction_state_partitions,
+        transaction_abort_timed_out_cleanup_interval_ms=transaction_abort_interval_ms,
     )
     run_broker(config)

@@ -105,8 +105,54 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
-    # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys.
+    # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys
+    # (KIP-699); v5 (TRANSACTION_ABORTABLE) and v6 (share groups) are not needed yet.
     ApiKey.FIND_COORDINATOR: (0, 4),
+    # Consumer groups (classic protocol). Ranges start at v0 (or kio's first version)
+    # because aiokafka stops at JoinGroup v5, SyncGroup v3, Heartbeat v1, LeaveGroup v1,
+    # OffsetCommit v3 and OffsetFetch v3, and librdkafka at JoinGroup v5, SyncGroup v3,
+    # Heartbeat v3, LeaveGroup v1, OffsetCommit/OffsetFetch v9, FindCoordinator v2;
+    # kafka-python 3 at JoinGroup v7, SyncGroup v5, OffsetCommit/OffsetFetch v8; the Java
+    # 3.x/4.x client goes to the maximums below (OffsetCommit/OffsetFetch v10 name topics
+    # by id, which the handlers resolve).
+    ApiKey.JOIN_GROUP: (0, 9),
+    ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 4),
+    ApiKey.LEAVE_GROUP: (0, 5),
+    ApiKey.OFFSET_COMMIT: (2, 10),   # kio has no v0/v1 (ZooKeeper-era, removed in Kafka 4)
+    ApiKey.OFFSET_FETCH: (1, 10),    # kio has no v0 (ZooKeeper-era)
+    ApiKey.DESCRIBE_GROUPS: (0, 6),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DELETE_GROUPS: (0, 2),
+    ApiKey.OFFSET_DELETE: (0, 0),
+    # v0 must be in range: librdkafka turns its idempotent producer on only when
+    # InitProducerId v0 is advertised (rdkafka_feature.c) and aiokafka sends only v0.
+    # librdkafka 2.16 sends up to v4 (v3+ carries the current PID/epoch, KIP-360),
+    # recent Java clients (3.8+, 4.x) v5, which only signals that the client
+    # understands TRANSACTION_ABORTABLE (KIP-890), older ones v4; kafka-python 3.0
+    # knows v0-6 and takes the highest both sides have. v6 (KIP-939 two-phase commit)
+    # is not offered: nothing implements 2PC.
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    # Transactions (issue 5), transactions V1 only: nothing of KIP-890 part 2 (EndTxn v5,
+    # TxnOffsetCommit v5, Produce v12), which Java 4.x uses only when the broker finalizes
+    # the transaction.version feature (we do not). Clients send: librdkafka 2.16
+    # AddPartitionsToTxn v0, AddOffsetsToTxn v0, EndTxn v0-1, TxnOffsetCommit v0-3;
+    # kafka-python 3.0 AddPartitionsToTxn/AddOffsetsToTxn/EndTxn/TxnOffsetCommit v0-3;
+    # aiokafka 0.14 v0 of each; Java 3.x/4.x AddPartitionsToTxn up to v3 (v4+ is
+    # inter-broker: batched transactions, verify_only), AddOffsetsToTxn/EndTxn/
+    # TxnOffsetCommit up to v4 (v4: TRANSACTION_ABORTABLE). The coordinator writes its
+    # markers inside the broker; WriteTxnMarkers v1 (kio has no v0; v2 is transactions
+    # V2) serves the admin's abortTransaction of a hanging transaction.
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 4),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.WRITE_TXN_MARKERS: (1, 1),
+    # Admin APIs (Java AdminClient, kafka-transactions.sh, `onceflow txn`): ListTransactions
+    # v1 adds the duration filter, v2 (Kafka 4.0) the transactional id pattern.
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 2),
 }
 
 

@@ -23,6 +23,12 @@ truncated at the first bad byte and later segments are deleted, so the log is al
 prefix. Recovered segments are fsync'd before the state file is rewritten (clean flag off)
 and `open` returns. The loading itself lives in recovery.py.
 
+Aborted transactions. Each segment may have a `.txnindex` (storage/txn_index.py): the
+aborted transactions whose ABORT marker it holds, for read_committed fetches. The broker
+adds entries as markers are appended (`append_aborted_txn`) and queries them with
+`aborted_transactions`; `open` drops entries past the log end, and the broker rebuilds the
+rest from its producer-state snapshot onward (`truncate_txn_index`, then replay).
+
 Threads. The broker calls append/read/retention from its event-loop thread and `flush` from
 the group-commit thread. `_lock` guards all in-memory state and every file access except the
 fsyncs themselves: `flush` takes the lock only to snapshot (duplicate the fds of dirty files,
@@ -59,7 +65,9 @@ from onceflow.storage.recovery import (
     load_segments,
     take_dirty_fds,
 )
+from onceflow.storage.rewrite import install_segment, stage_segment
 from onceflow.storage.segment import Segment, prepare_append
+from onceflow.storage.txn_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +194,9 @@ class PartitionLog:
         flush fsyncs them, and the directory, which gained a file."""
         old = self._segments[-1]
         old.index_dirty = True
+        # The broker snapshots producer state at the new segment's base and trusts the
+        # aborted-transaction entries below a snapshot: make them durable first (rare).
+        old.txn_index.sync()
         config = self.config
         new = Segment.create(
             self.directory, old.next_offset, config.index_interval_bytes, index_entries_max(config)
@@ -285,6 +296,47 @@ class PartitionLog:
                 if item is None or item[1].base_offset >= leo:
                     break
                 yield item[1]
+
+    # -- aborted transactions (issue 5: read_committed) -----------------------------------------
+
+    def append_aborted_txn(self, txn: AbortedTxn) -> None:
+        """Record an aborted transaction in the index of the segment holding its ABORT marker
+        (`txn.last_offset`, already appended); no fsync (the next flush covers it)."""
+        with self._lock:
+            self._check_writable()
+            if not self._log_start <= txn.last_offset < self._segments[-1].next_offset:
+                raise AssertionError(f"{self.directory.name}: marker {txn.last_offset} not in log")
+            seg = self._segments[bisect_right(self._bases, txn.last_offset) - 1]
+            try:
+                seg.txn_index.append(txn)
+            except OSError as exc:
+                self._fail(exc, "transaction index append")
+                raise LogFailedError(f"{self.directory.name}: txn index write: {exc}") from exc
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_offset): last offset (the
+        marker) >= fetch_offset and first offset < upper_offset, in marker order."""
+        found: list[AbortedTxn] = []
+        with self._lock:
+            if self._closed:
+                raise LogClosedError(f"{self.directory.name}: closed")
+            start = max(bisect_right(self._bases, fetch_offset) - 1, 0)
+            for seg in self._segments[start:]:
+                if seg.txn_index.collect(fetch_offset, upper_offset, found):
+                    break
+        return found
+
+    def truncate_txn_index(self, offset: int) -> int:
+        """Forget aborted transactions whose marker is at or after `offset` (before they are
+        rebuilt by replaying the log from there); returns how many went."""
+        with self._lock:
+            self._check_writable()
+            start = max(bisect_right(self._bases, offset) - 1, 0)
+            try:
+                return sum(seg.txn_index.truncate_from(offset) for seg in self._segments[start:])
+            except OSError as exc:
+                self._fail(exc, "transaction index truncation")
+                raise LogFailedError(f"{self.directory.name}: txn index write: {exc}") from exc
 
     # -- durability -----------------------------------------------------------------------------
 
@@ -399,6 +451,46 @@ class PartitionLog:
                 for seg in victims:
                     seg.delete()
 
+    # -- compaction (issue 4: __consumer_offsets) -----------------------------------------------
+
+    def replace_segment(self, base_offset: int, batches: list, now_ms: int) -> int:
+        """Compaction: the closed segment starting at `base_offset` keeps only `batches` -
+        whole v2 batches that keep their offsets (gaps allowed), in the segment's offset
+        range, in order. With no batches a segment other than the first is deleted. Writes
+        and fsyncs the new files on the calling thread (the mutating one); crash-safe, see
+        storage/rewrite.py. Returns the segment's new size in bytes."""
+        with self._flush_lock:
+            with self._lock:
+                self._check_writable()
+                index = self._closed_segment_index(base_offset)
+                if not batches and index > 0:
+                    victim = self._segments[index]
+                    self._segments = self._segments[:index] + self._segments[index + 1:]
+                    self._bases = self._bases[:index] + self._bases[index + 1:]
+                    victim.delete()
+                    self._dir_dirty = True
+                    return 0
+                upper = self._segments[index + 1].base_offset
+            config = self.config
+            staging = stage_segment(self.directory, base_offset, upper, batches,
+                                    config.index_interval_bytes, index_entries_max(config), now_ms)
+            with self._lock:
+                old = self._segments[index]
+                install_segment(self.directory, staging, base_offset)
+                new = Segment.open_existing(self.directory, base_offset,
+                                            config.index_interval_bytes, index_entries_max(config))
+                if not new.load_trusted(now_ms):
+                    raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
+                self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
+                old.close()
+                return new.size_bytes
+
+    def _closed_segment_index(self, base_offset: int) -> int:
+        index = bisect_right(self._bases, base_offset) - 1
+        if index < 0 or self._bases[index] != base_offset or index == len(self._bases) - 1:
+            raise ValueError(f"{self.directory.name}: no closed segment at {base_offset}")
+        return index
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -433,6 +525,7 @@ class PartitionLog:
         """Opens (creating if needed) and recovers the log in `directory`."""
         segments, log_start, report = load_segments(directory, config, now_ms)
         log = cls(directory, config, segments, log_start, report)
+        log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
             log._write_state(clean=False)  # from here on, a crash means an unclean stop
         return log

@@ -43,6 +43,10 @@ from onceflow.storage.layout import (
     segment_path,
 )
 from onceflow.storage.segment import Segment
+from onceflow.storage.txn_index import TXN_INDEX_SUFFIX
+
+# Files that belong to a segment besides its .log: removed with it, orphans without it.
+_SEGMENT_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +103,9 @@ def _clean_directory(directory: Path) -> list[int]:
     have = set(bases)
     removed = False
     for name in names:
-        index_base = parse_segment_name(name, INDEX_SUFFIX)
-        if index_base is None:
-            index_base = parse_segment_name(name, TIME_INDEX_SUFFIX)
+        index_base = next((b for b in (parse_segment_name(name, suffix)
+                                       for suffix in _SEGMENT_INDEX_SUFFIXES) if b is not None),
+                          None)
         if name.endswith(TMP_SUFFIX) or (index_base is not None and index_base not in have):
             os.unlink(directory / name)
             removed = True
@@ -204,7 +208,7 @@ def _matches_close(active: Segment, state: PartitionState) -> bool:
 
 def _delete_bases(directory: Path, bases: list[int]) -> int:
     for base in bases:
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (LOG_SUFFIX, *_SEGMENT_INDEX_SUFFIXES):
             try:
                 os.unlink(segment_path(directory, base, suffix))
             except FileNotFoundError:

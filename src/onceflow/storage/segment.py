@@ -1,4 +1,5 @@
-"""One log segment: `<base_offset>.log` plus its sparse `.index` and `.timeindex`.
+"""One log segment: `<base_offset>.log` plus its sparse `.index` and `.timeindex`, and the
+aborted-transaction index `.txnindex` when it has entries (storage/txn_index.py).
 
 Theory of operation
 -------------------
@@ -62,6 +63,7 @@ from onceflow.storage.layout import (
     read_header,
     segment_path,
 )
+from onceflow.storage.txn_index import TXN_INDEX_SUFFIX, TxnIndex
 
 # Relative offsets are stored as u32; like Kafka we keep them within a signed int so that any
 # reader treating them as int32 is still right. A batch that would exceed this rolls the log.
@@ -190,6 +192,7 @@ class Segment:
         self.time_index = TimeIndex(
             segment_path(directory, base_offset, TIME_INDEX_SUFFIX), index_entries_max
         )
+        self.txn_index = TxnIndex(segment_path(directory, base_offset, TXN_INDEX_SUFFIX))
         self.builder = IndexBuilder(interval_bytes)
         self.size_bytes = 0
         self.next_offset = base_offset  # exclusive end offset of the data in this segment
@@ -208,6 +211,7 @@ class Segment:
     ) -> Segment:
         seg = cls(directory, base_offset, interval_bytes, index_entries_max)
         seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        seg.txn_index.path.unlink(missing_ok=True)  # an orphan of a deleted segment: stale
         seg.data_dirty = True
         return seg
 
@@ -217,6 +221,7 @@ class Segment:
     ) -> Segment:
         seg = cls(directory, base_offset, interval_bytes, index_entries_max)
         seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
+        seg.txn_index.load()
         return seg
 
     @property
@@ -554,6 +559,9 @@ class Segment:
         if self.index_dirty:
             fds.extend((os.dup(self.offset_index.fd), os.dup(self.time_index.fd)))
             self.index_dirty = False
+        txn_fd = self.txn_index.take_dirty_fd()
+        if txn_fd is not None:
+            fds.append(txn_fd)
         return fds
 
     def close(self) -> None:
@@ -562,12 +570,14 @@ class Segment:
             os.close(self.fd)
             self.offset_index.close()
             self.time_index.close()
+            self.txn_index.close()
 
     def delete(self) -> None:
         """Closes and unlinks the files; the .log goes first so a crash leaves only orphan
         indexes, which the next open removes."""
         self.close()
-        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+        for path in (self.log_path, self.offset_index.path, self.time_index.path,
+                     self.txn_index.path):
             try:
                 os.unlink(path)
             except FileNotFoundError:

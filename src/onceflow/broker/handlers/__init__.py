@@ -25,6 +25,7 @@ class RequestContext:
     api_key: int
     api_version: int
     client_id: str | None
+    client_host: str = ""      # "/<peer ip>", as Kafka reports members (issue 4)
 
     def now_ms(self) -> int:
         return now_ms()
@@ -43,6 +44,10 @@ _MODULES = (
     "configs",
     "delete_records",
     "coordinators",
+    "groups",        # issue 4: JoinGroup .. DeleteGroups
+    "offsets",       # issue 4: OffsetCommit, OffsetFetch, OffsetDelete; issue 5: TxnOffsetCommit
+    "producer_ids",
+    "transactions",  # issue 5: AddPartitionsToTxn .. EndTxn, Describe/ListTransactions, DescribeProducers
 )
 
 

@@ -1,9 +1,12 @@
-"""FindCoordinator, until the group and transaction coordinators exist.
+"""FindCoordinator: which node coordinates a group or a transactional id.
 
-Answered COORDINATOR_NOT_AVAILABLE for every key, which clients treat as "retry
-later". It is advertised now because librdkafka enables lz4 compression only when
-the broker advertises FindCoordinator (it takes the API as a marker of a modern
-broker); without it, lz4 batches would silently go out uncompressed.
+A group's coordinator is the leader of its `__consumer_offsets` partition, a transactional
+id's the leader of its `__transaction_state` partition (`partition_for(key)`, Kafka's hash
+in both). The first lookup of each kind creates its topic, as Kafka does, so it is answered
+at once. Any other key type is INVALID_REQUEST, and so is an empty transactional id.
+
+Versions: v0 asks for one group and does not echo the key; v1-v3 add the key type and an
+error message; v4+ (KIP-699) batches keys and answers one entry per key.
 """
 
 from __future__ import annotations
@@ -12,19 +15,38 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 
-MESSAGE = "onceflow does not coordinate groups or transactions yet"
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+BATCHED_KEYS_MIN_VERSION = 4
 
 
-def _not_available(key: str) -> dict:
-    return {"key": key, "node_id": -1, "host": "", "port": -1,
-            "error_code": ErrorCode.coordinator_not_available, "error_message": MESSAGE}
+def _error(key: str, code: ErrorCode, message: str | None) -> dict:
+    return {"key": key, "node_id": -1, "host": "", "port": -1, "error_code": code,
+            "error_message": message}
+
+
+async def _lookup(ctx: RequestContext, key: str, key_type: int) -> dict:
+    if key_type == KEY_TYPE_TRANSACTION:
+        if not key:
+            return _error(key, ErrorCode.invalid_request, "empty transactional id")
+        runtime = ctx.broker.txns
+    elif key_type == KEY_TYPE_GROUP:
+        runtime = ctx.broker.groups
+    else:
+        return _error(key, ErrorCode.invalid_request, f"unknown key type {key_type}")
+    await runtime.ensure_topic()
+    node_id = runtime.coordinator_node(key)
+    node = ctx.broker.cluster.nodes[node_id]
+    return {"key": key, "node_id": node.node_id, "host": node.host, "port": node.port,
+            "error_code": ErrorCode.none, "error_message": None}
 
 
 @handles(ApiKey.FIND_COORDINATOR)
 async def find_coordinator(ctx: RequestContext, body) -> dict:
-    keys = getattr(body, "coordinator_keys", None)
-    if keys is not None and ctx.api_version >= 4:   # v4+: batched keys
-        return {"throttle_time": 0, "coordinators": [_not_available(k) for k in keys]}
-    single = _not_available("")
-    del single["key"]   # v0-3 answer one key and do not echo it
+    key_type = getattr(body, "key_type", KEY_TYPE_GROUP)  # v0: groups only
+    if ctx.api_version >= BATCHED_KEYS_MIN_VERSION:
+        coordinators = [await _lookup(ctx, key, key_type) for key in body.coordinator_keys]
+        return {"throttle_time": 0, "coordinators": coordinators}
+    single = await _lookup(ctx, body.key, key_type)
+    del single["key"]  # v0-3 answer one key and do not echo it
     return {"throttle_time": 0, **single}

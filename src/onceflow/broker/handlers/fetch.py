@@ -6,6 +6,14 @@ batch even if it is larger, so a big batch never blocks a consumer. The upper
 bound of what is readable is the high watermark (read_uncommitted) or the last
 stable offset (read_committed).
 
+read_committed responses also carry `aborted_transactions`: (producer id, first
+offset) of every aborted transaction overlapping the returned records, from the
+segments' aborted-transaction indexes (storage/txn_index.py). The client drops a
+producer's records from that first offset until it meets that producer's ABORT
+marker. The index is asked about [fetch offset, LSO) first - almost always empty -
+and only when it answers is the exact end of the returned batches computed, so
+read_committed costs no more than read_uncommitted without aborts.
+
 Long poll: when fewer than `min_bytes` are available and the client allows a
 wait, the handler registers a waiter on each requested partition and sleeps until
 an append wakes it or `max_wait_ms` passes, then reads again.
@@ -25,6 +33,7 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.config import FETCH_WAIT_MS_MAX
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import PartitionState
+from onceflow.protocol.records import iter_batches
 from onceflow.storage import OffsetOutOfRange
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -44,8 +53,22 @@ class _Wanted:
 
 def last_stable_offset(partition: PartitionState) -> int:
     """First offset of the earliest open transaction, or the high watermark."""
-    lso = getattr(partition, "last_stable_offset", None)
-    return partition.high_watermark if lso is None else lso
+    return partition.last_stable_offset
+
+
+def aborted_transactions(partition: PartitionState, fetch_offset: int, upper_offset: int,
+                         records: bytes) -> list[dict]:
+    """The AbortedTransactions of a read_committed answer holding `records`."""
+    if not records:
+        return []
+    aborted = partition.aborted_transactions(fetch_offset, upper_offset)
+    if not aborted:
+        return []
+    end_offset = upper_offset  # exclusive end of the returned batches
+    for header, _ in iter_batches(records):
+        end_offset = header.last_offset + 1
+    return [{"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+            for txn in aborted if txn.first_offset < end_offset]
 
 
 def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
@@ -97,6 +120,9 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
             errors = True
             records = b""
         response["records"] = records
+        if isolation == READ_COMMITTED:
+            response["aborted_transactions"] = aborted_transactions(
+                partition, item.fetch_offset, upper, records)
         total += len(records)
         responses.append(response)
     return responses, total, errors

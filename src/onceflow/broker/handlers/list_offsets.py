@@ -14,15 +14,6 @@ from onceflow.broker.handlers.fetch import READ_COMMITTED, last_stable_offset
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 
 
-def _max_timestamp(log) -> tuple[int, int]:
-    """(timestamp, offset) of the batch with the largest timestamp (a header scan)."""
-    best_ts, best_offset = -1, -1
-    for header in log.batches_from(log.log_start_offset):
-        if header.max_timestamp > best_ts:
-            best_ts, best_offset = header.max_timestamp, header.base_offset + header.last_offset_delta
-    return best_ts, best_offset
-
-
 def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
     state = ctx.broker
     result = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
@@ -40,7 +31,10 @@ def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
     if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
         return {**result, "offset": log.log_start_offset}
     if p.timestamp == MAX_TIMESTAMP:
-        ts, offset = _max_timestamp(log)
+        found = log.max_timestamp()
+        if found is None:
+            return result
+        ts, offset = found
         return {**result, "timestamp": ts, "offset": offset}
     found = log.offset_for_timestamp(p.timestamp)
     if found is None:

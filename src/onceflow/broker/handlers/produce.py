@@ -1,14 +1,40 @@
-"""Produce: validate each partition's record batch, append, answer per acks.
+"""Produce: validate each partition's record batch, check producer state, append, answer.
 
 Per partition (Kafka's rules for Produce v3+): exactly one magic-2 batch, CRC-32C
 valid, no control batch from a client, at most the topic's max.message.bytes. A
 failing partition gets its error code; the other partitions of the request are
-still appended. The append happens synchronously in request order; then:
+still appended.
+
+Then the partition's producer state judges batches that carry a producer id
+(`PartitionState.append`: prepare, append, commit in one synchronous step, in
+request order, so a pipelined request is checked against the previous one):
+
+- a retry of one of the producer's last 5 batches (same epoch, same first and last
+  sequence) is a duplicate: nothing is appended and the answer is a success with
+  the batch's original base offset (and, as Kafka, its timestamp as log append time);
+- a gap, or a retry older than those 5 batches: OUT_OF_ORDER_SEQUENCE_NUMBER;
+- an epoch older than the producer's: INVALID_PRODUCER_EPOCH (Kafka 2.7+, every
+  Produce version; PRODUCER_FENCED belongs to the coordinator APIs); a newer epoch
+  must start at sequence 0 (else OUT_OF_ORDER_SEQUENCE_NUMBER);
+- a non-transactional batch while the producer has a transaction open:
+  INVALID_TXN_STATE.
+
+A transactional batch for a partition where its producer has no open transaction yet
+is first checked with the transaction coordinator (KIP-890 part 1, as Kafka 3.6+): was
+the partition added to the producer's transaction? If not, Produce v11+ answers
+TRANSACTION_ABORTABLE and older versions INVALID_TXN_STATE; a fenced producer gets
+INVALID_PRODUCER_EPOCH; a coordinator that cannot answer now (busy, loading) gets
+NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh.
+
+Batches without a producer id (plain producers; aiokafka also sends base sequence 0
+with producer id -1) are appended without any sequence check. Answers:
 
 - acks=0: no response at all (Kafka sends none);
 - acks=1: answered once the bytes are written (page cache: survives a crash of
   the broker process);
-- acks=-1: answered once the group committer has fsync'd them (with fsync on).
+- acks=-1: answered once the group committer has fsync'd them (with fsync on). A
+  duplicate waits too, until the offsets it names are on disk: its original append
+  may still be in the page cache.
 """
 
 from __future__ import annotations
@@ -19,11 +45,20 @@ import dataclasses
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.broker.state import PartitionState
+from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import BatchHeader, check_produce_records
+from onceflow.storage.layout import LogFailedError
+from onceflow.storage.producer_state import Duplicate, Rejected
+from onceflow.txn import TopicPartition
 
 ACKS_NONE, ACKS_LEADER, ACKS_ALL = 0, 1, -1
+ABORTABLE_MIN_VERSION = 11  # Produce v11+ clients know TRANSACTION_ABORTABLE (KIP-890)
+# Coordinator answers that mean "ask again" (ReplicaManager maps them so old clients retry).
+_VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions,
+                               ErrorCode.coordinator_load_in_progress,
+                               ErrorCode.coordinator_not_available, ErrorCode.not_coordinator})
+NOT_ADDED_MESSAGE = "Partition was not added to the transaction"
 
 
 class ProduceError(Exception):
@@ -41,7 +76,8 @@ class _Outcome:
     base_offset: int = -1
     log_append_time_ms: int = -1
     log_start_offset: int = -1
-    partition: PartitionState | None = None
+    partition: PartitionState | None = None  # set when offsets were named: flush for acks=all
+    durable_end: int = 0  # offsets below this (exclusive) must be on disk before answering
 
     def response(self) -> dict:
         return {
@@ -63,7 +99,23 @@ def single_batch(records, api_version: int, max_message_bytes: int) -> tuple[Bat
     return header, batch
 
 
-def _append(ctx: RequestContext, topic: str, data) -> _Outcome:
+def _verify_transaction(ctx: RequestContext, partition: PartitionState,
+                        transactional_id: str | None, header: BatchHeader) -> ErrorCode | None:
+    """KIP-890 part 1 (see the module docstring); None when the batch may go in."""
+    if (not header.is_transactional or header.producer_id < 0 or transactional_id is None
+            or partition.producers.has_ongoing_transaction(header.producer_id,
+                                                           header.producer_epoch)):
+        return None
+    error = ctx.broker.txns.verify(
+        transactional_id, header.producer_id, header.producer_epoch,
+        TopicPartition(partition.topic, partition.index),
+        abortable_ok=ctx.api_version >= ABORTABLE_MIN_VERSION)
+    if error is ErrorCode.none:
+        return None
+    return ErrorCode.not_enough_replicas if error in _VERIFY_RETRIABLE else error
+
+
+def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None) -> _Outcome:
     outcome = _Outcome(data.index)
     state = ctx.broker
     info = state.topic(topic)
@@ -74,23 +126,43 @@ def _append(ctx: RequestContext, topic: str, data) -> _Outcome:
     if state.leader(info, data.index) != ctx.node_id:
         outcome.error_code = ErrorCode.not_leader_or_follower
         return outcome
+    if topic in INTERNAL_TOPICS:   # only coordinators write there (Kafka: same error)
+        outcome.error_code = ErrorCode.invalid_topic_exception
+        outcome.error_message = f"Cannot append to internal topic {topic}"
+        return outcome
     log = partition.log
     try:
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
+        refused = _verify_transaction(ctx, partition, transactional_id, header)
+        if refused is not None:
+            raise ProduceError(refused, NOT_ADDED_MESSAGE if refused in (
+                ErrorCode.invalid_txn_state, ErrorCode.transaction_abortable) else None)
+        result = partition.append([header], [batch], ctx.now_ms())
     except ProduceError as exc:
         outcome.error_code, outcome.error_message = exc.code, exc.message
         return outcome
-    appended = log.append([batch], ctx.now_ms())
-    partition.notify()
-    outcome.base_offset = appended.first_offset
-    outcome.log_append_time_ms = appended.log_append_time_ms
+    except LogFailedError as exc:
+        outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(exc)
+        return outcome
+    if isinstance(result, Rejected):
+        outcome.error_code, outcome.error_message = result.error_code, result.message
+        return outcome
+    if isinstance(result, Duplicate):
+        ctx.broker.metrics.duplicate(topic)
+        outcome.log_append_time_ms = result.timestamp_ms  # as Kafka: the cached batch's
+    else:
+        outcome.log_append_time_ms = result.log_append_time_ms
+    outcome.base_offset = result.first_offset
+    outcome.durable_end = result.last_offset + 1
     outcome.log_start_offset = log.log_start_offset
     outcome.partition = partition
     return outcome
 
 
 async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
-    logs = {id(o.partition): o.partition.log for o in outcomes if o.partition is not None}
+    """Wait until every offset the outcomes name is on disk (one flush per log)."""
+    logs = {id(o.partition): o.partition.log for o in outcomes
+            if o.partition is not None and o.partition.log.recovery_point_offset < o.durable_end}
     futures = [asyncio.wrap_future(ctx.broker.committer.request_flush(log)) for log in logs.values()]
     if futures:
         await asyncio.gather(*futures)
@@ -105,7 +177,8 @@ async def produce(ctx: RequestContext, body) -> dict | None:
         if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
             outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks) for p in topic.partition_data]
         else:
-            outcomes = [_append(ctx, topic.name, p) for p in topic.partition_data]
+            outcomes = [_append(ctx, topic.name, p, body.transactional_id)
+                        for p in topic.partition_data]
         all_outcomes += outcomes
         results.append({"name": topic.name, "partition_responses": [o.response() for o in outcomes]})
     if acks == ACKS_NONE:
