@@ -1,11 +1,11 @@
 """Fixtures of the processor tests: the Kafka cluster they run against.
 
-`kafka_bootstrap` is the one switch. By default it starts librdkafka's built-in mock
-cluster (three brokers on real sockets, kept alive for the session by the client that
-owns it) because the onceflow broker does not serve consumer groups and transactions
-yet. Set ONCEFLOW_PROCESSOR_BROKER to change that:
+`kafka_bootstrap` is the one switch. By default it is an onceflow broker in this
+process, on a real socket, with group timings shortened so rebalances take well under
+a second. Set ONCEFLOW_PROCESSOR_BROKER to run the same tests elsewhere:
 
-    ONCEFLOW_PROCESSOR_BROKER=onceflow   the `onceflow_broker` fixture (onceflow.testing)
+    ONCEFLOW_PROCESSOR_BROKER=mock       librdkafka's built-in mock cluster (three brokers
+                                         on real sockets; no real transactional offsets)
     ONCEFLOW_PROCESSOR_BROKER=external   any cluster, at ONCEFLOW_PROCESSOR_BOOTSTRAP
 """
 
@@ -23,15 +23,23 @@ BOOTSTRAP_ENV = "ONCEFLOW_PROCESSOR_BOOTSTRAP"
 MOCK_BROKERS = 3
 
 
+# Group timings for the onceflow broker under test: Kafka's defaults (3 s initial
+# rebalance delay, 6 s minimum session) only make the tests slower here.
+ONCEFLOW_GROUP_SETTINGS = {"group_initial_rebalance_delay_ms": 100, "group_min_session_timeout_ms": 1000}
+
+
 def broker_kind() -> str:
-    return os.environ.get(BROKER_ENV, "mock")
+    return os.environ.get(BROKER_ENV, "onceflow")
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
     kind = broker_kind()
     if kind == "onceflow":
-        yield request.getfixturevalue("onceflow_broker").bootstrap_servers
+        from onceflow import Broker
+
+        with Broker(**ONCEFLOW_GROUP_SETTINGS) as broker:
+            yield broker.bootstrap_servers
     elif kind == "external":
         yield os.environ[BOOTSTRAP_ENV]
     elif kind == "mock":
