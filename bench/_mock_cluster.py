@@ -35,11 +35,15 @@ def _librdkafka() -> ctypes.CDLL:
     candidates = glob.glob(pattern) or ["librdkafka.so.1"]  # system library as fallback
     lib = ctypes.CDLL(candidates[0])
     lib.rd_kafka_conf_new.restype = ctypes.c_void_p
-    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
-                                      ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_conf_set.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
     lib.rd_kafka_new.restype = ctypes.c_void_p
-    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p,
-                                 ctypes.c_size_t]
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
     lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
     lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -47,8 +51,12 @@ def _librdkafka() -> ctypes.CDLL:
     lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
     lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
     lib.rd_kafka_mock_topic_create.restype = ctypes.c_int
-    lib.rd_kafka_mock_topic_create.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
-                                               ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_topic_create.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return lib
 
 
@@ -72,19 +80,23 @@ class MockCluster:
         self._cluster = self._lib.rd_kafka_mock_cluster_new(self._handle, self._num_brokers)
         if not self._cluster:
             raise RuntimeError("rd_kafka_mock_cluster_new failed")
-        self.bootstrap_servers = self._lib.rd_kafka_mock_cluster_bootstraps(
-            self._cluster).decode()
+        self.bootstrap_servers = self._lib.rd_kafka_mock_cluster_bootstraps(self._cluster).decode()
         return self
 
     def create_topic(self, name: str, num_partitions: int, replication_factor: int = 1) -> None:
         assert self._cluster is not None, "MockCluster used outside its `with` block"
-        code = self._lib.rd_kafka_mock_topic_create(self._cluster, name.encode(),
-                                                    num_partitions, replication_factor)
+        code = self._lib.rd_kafka_mock_topic_create(
+            self._cluster, name.encode(), num_partitions, replication_factor
+        )
         if code != 0:
             raise RuntimeError(f"rd_kafka_mock_topic_create({name!r}) failed: error {code}")
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._cluster:
             self._lib.rd_kafka_mock_cluster_destroy(self._cluster)
             self._cluster = None

@@ -116,14 +116,16 @@ def create_topic_via_admin(bootstrap_servers: str, topic: str, partitions: int) 
 def produce_phase(bootstrap_servers: str, topic: str, load: Load) -> Phase:
     """Produce `load.records` records and wait until all are acknowledged."""
     failures: list[confluent_kafka.KafkaError] = []
-    producer = Producer({
-        "bootstrap.servers": bootstrap_servers,
-        "acks": ACKS,
-        "linger.ms": LINGER_MS,
-        # Reports only for failures: no Python callback per record on the hot path.
-        "delivery.report.only.error": True,
-        "on_delivery": lambda error, _message: failures.append(error),
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "acks": ACKS,
+            "linger.ms": LINGER_MS,
+            # Reports only for failures: no Python callback per record on the hot path.
+            "delivery.report.only.error": True,
+            "on_delivery": lambda error, _message: failures.append(error),
+        }
+    )
     payload = os.urandom(load.record_bytes)
     start = time.perf_counter()
     for _ in range(load.records):
@@ -141,18 +143,21 @@ def produce_phase(bootstrap_servers: str, topic: str, load: Load) -> Phase:
     return Phase(load.records, load.records * load.record_bytes, seconds)
 
 
-def consume_phase(bootstrap_servers: str, topic: str, load: Load,
-                  limit: int | None) -> tuple[Phase, Phase]:
+def consume_phase(
+    bootstrap_servers: str, topic: str, load: Load, limit: int | None
+) -> tuple[Phase, Phase]:
     """Read all partitions from their log start to their end.
 
     Returns the phase up to the `limit`-th record (the whole read without a limit) and
     the whole read: one pass gives both the comparable and the full figure.
     """
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap_servers,
-        "group.id": f"{TOPIC_PREFIX}-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"{TOPIC_PREFIX}-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(load.partitions)]
         expected = available_records(consumer, partitions)
@@ -163,8 +168,11 @@ def consume_phase(bootstrap_servers: str, topic: str, load: Load,
         rest = read_records(consumer, expected - checkpoint, start)
     finally:
         consumer.close()
-    whole = Phase(first.records + rest.records, first.payload_bytes + rest.payload_bytes,
-                  rest.seconds if rest.records else first.seconds)
+    whole = Phase(
+        first.records + rest.records,
+        first.payload_bytes + rest.payload_bytes,
+        rest.seconds if rest.records else first.seconds,
+    )
     return first, whole
 
 
@@ -203,8 +211,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_until_serving(bootstrap_servers: str, process: subprocess.Popen | None,
-                       log_path: Path | None) -> None:
+def wait_until_serving(
+    bootstrap_servers: str, process: subprocess.Popen | None, log_path: Path | None
+) -> None:
     """Return once a metadata request succeeds; BenchError if the broker dies or hangs."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
     deadline = time.monotonic() + BROKER_START_TIMEOUT_S
@@ -215,8 +224,9 @@ def wait_until_serving(bootstrap_servers: str, process: subprocess.Popen | None,
         with contextlib.suppress(KafkaException):
             admin.list_topics(timeout=BROKER_POLL_S)
             return
-    raise BenchError(f"no broker answered at {bootstrap_servers} "
-                     f"within {BROKER_START_TIMEOUT_S:.0f} s")
+    raise BenchError(
+        f"no broker answered at {bootstrap_servers} within {BROKER_START_TIMEOUT_S:.0f} s"
+    )
 
 
 @contextlib.contextmanager
@@ -224,8 +234,17 @@ def onceflow_process(data_dir: Path, fsync: bool) -> Iterator[str]:
     """`onceflow broker` in a child process; SIGTERM (clean shutdown) at the end."""
     port = free_port()
     log_path = data_dir.parent / "broker.log"
-    command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(data_dir),
-               "--port", str(port), "--fsync" if fsync else "--no-fsync"]
+    command = [
+        sys.executable,
+        "-m",
+        "onceflow",
+        "broker",
+        "--data-dir",
+        str(data_dir),
+        "--port",
+        str(port),
+        "--fsync" if fsync else "--no-fsync",
+    ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -261,11 +280,15 @@ def run_onceflow(args: argparse.Namespace, load: Load, consume_limit: int | None
             bootstrap, label = args.bootstrap, f"onceflow at {args.bootstrap}"
             wait_until_serving(bootstrap, None, None)
         else:
-            base = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                prefix="onceflow-bench-", dir=args.data_root)))
+            base = Path(
+                stack.enter_context(
+                    tempfile.TemporaryDirectory(prefix="onceflow-bench-", dir=args.data_root)
+                )
+            )
             start = onceflow_process if args.broker == "process" else onceflow_embedded
             bootstrap = stack.enter_context(start(base / "data", args.fsync))
             label = f"onceflow ({args.broker}, {fsync_label})"
+
         def create_topic(topic: str, partitions: int) -> None:
             create_topic_via_admin(bootstrap, topic, partitions)
 
@@ -274,25 +297,37 @@ def run_onceflow(args: argparse.Namespace, load: Load, consume_limit: int | None
 
 def run_mock(load: Load) -> Result:
     with MockCluster(num_brokers=1) as mock:
-        return run_load("librdkafka mock cluster", mock.bootstrap_servers, mock.create_topic,
-                        load, None)
+        return run_load(
+            "librdkafka mock cluster", mock.bootstrap_servers, mock.create_topic, load, None
+        )
 
 
-def run_load(system: str, bootstrap_servers: str, create_topic: Callable[[str, int], None],
-             load: Load, consume_limit: int | None) -> Result:
+def run_load(
+    system: str,
+    bootstrap_servers: str,
+    create_topic: Callable[[str, int], None],
+    load: Load,
+    consume_limit: int | None,
+) -> Result:
     """`load.runs` runs, each on a new topic; the median of each phase."""
     runs = []
     for run in range(1, load.runs + 1):
         topic = f"{TOPIC_PREFIX}-{uuid.uuid4().hex[:8]}"
         create_topic(topic, load.partitions)
-        print(f"{system}, run {run}/{load.runs}: producing {load.records:,} records, "
-              f"then consuming", file=sys.stderr, flush=True)
+        print(
+            f"{system}, run {run}/{load.runs}: producing {load.records:,} records, then consuming",
+            file=sys.stderr,
+            flush=True,
+        )
         produce = produce_phase(bootstrap_servers, topic, load)
         consume, consume_all = consume_phase(bootstrap_servers, topic, load, consume_limit)
         runs.append(Result(system, produce, consume, consume_all))
-    return Result(system, median_phase([r.produce for r in runs]),
-                  median_phase([r.consume for r in runs]),
-                  median_phase([r.consume_all for r in runs]))
+    return Result(
+        system,
+        median_phase([r.produce for r in runs]),
+        median_phase([r.consume for r in runs]),
+        median_phase([r.consume_all for r in runs]),
+    )
 
 
 def median_phase(phases: list[Phase]) -> Phase:
@@ -319,19 +354,25 @@ def markdown(results: list[Result], load: Load, command: str) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for result in results:
-        lines.append(f"| {result.system} | {result.produce.records_per_s:,.0f} | "
-                     f"{result.produce.mb_per_s:,.1f} | {result.consume.records_per_s:,.0f} | "
-                     f"{result.consume.mb_per_s:,.1f} | {result.consume.records:,} |")
+        lines.append(
+            f"| {result.system} | {result.produce.records_per_s:,.0f} | "
+            f"{result.produce.mb_per_s:,.1f} | {result.consume.records_per_s:,.0f} | "
+            f"{result.consume.mb_per_s:,.1f} | {result.consume.records:,} |"
+        )
     for result in results:
         if result.consume_all.records != result.consume.records:
-            lines.append(f"| {result.system}, whole log | | | "
-                         f"{result.consume_all.records_per_s:,.0f} | "
-                         f"{result.consume_all.mb_per_s:,.1f} | "
-                         f"{result.consume_all.records:,} |")
+            lines.append(
+                f"| {result.system}, whole log | | | "
+                f"{result.consume_all.records_per_s:,.0f} | "
+                f"{result.consume_all.mb_per_s:,.1f} | "
+                f"{result.consume_all.records:,} |"
+            )
     if len(results) == 2:
         ours, mock = results
-        lines.append(f"| **onceflow / mock** | **{ratio(ours.produce, mock.produce)}** | | "
-                     f"**{ratio(ours.consume, mock.consume)}** | | |")
+        lines.append(
+            f"| **onceflow / mock** | **{ratio(ours.produce, mock.produce)}** | | "
+            f"**{ratio(ours.consume, mock.consume)}** | | |"
+        )
     return "\n".join(lines)
 
 
@@ -344,15 +385,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=RECORDS_DEFAULT)
     parser.add_argument("--record-bytes", type=int, default=RECORD_BYTES_DEFAULT)
     parser.add_argument("--partitions", type=int, default=PARTITIONS_DEFAULT)
-    parser.add_argument("--runs", type=int, default=RUNS_DEFAULT,
-                        help="runs per system, each on a new topic; the median is reported")
-    parser.add_argument("--broker", choices=("process", "embedded"), default="process",
-                        help="run onceflow in a child process (default) or in this process")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=RUNS_DEFAULT,
+        help="runs per system, each on a new topic; the median is reported",
+    )
+    parser.add_argument(
+        "--broker",
+        choices=("process", "embedded"),
+        default="process",
+        help="run onceflow in a child process (default) or in this process",
+    )
     parser.add_argument("--bootstrap", help="use a running broker instead of starting one")
-    parser.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True,
-                        help="fsync before acknowledging acks=all (default: on)")
-    parser.add_argument("--data-root", help="directory for the temporary data dir "
-                        "(default: the system temp dir; pick a real disk for fsync)")
+    parser.add_argument(
+        "--fsync",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsync before acknowledging acks=all (default: on)",
+    )
+    parser.add_argument(
+        "--data-root",
+        help="directory for the temporary data dir "
+        "(default: the system temp dir; pick a real disk for fsync)",
+    )
     parser.add_argument("--skip-mock", action="store_true", help="only measure onceflow")
     parser.add_argument("--skip-onceflow", action="store_true", help="only measure the mock")
     args = parser.parse_args(argv)

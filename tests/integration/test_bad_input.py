@@ -144,3 +144,13 @@ def test_api_versions_v3_validates_client_software(onceflow_broker):
         bad = client.request(API_VERSIONS, 3, {"client_software_name": "bad name!",
                                                "client_software_version": "1"})
         assert bad.error_code == ErrorCode.invalid_request
+
+
+def test_transactional_batch_without_transactional_id_is_refused(onceflow_broker, topic):
+    # Kafka (KafkaApis.handleProduceRequest) refuses the whole request: appending it
+    # would open a transaction that no coordinator could ever end.
+    batch = build_batch([SimpleRecord(key=None, value=b"x")], producer_id=4242, producer_epoch=0,
+                        base_sequence=0, transactional=True)
+    with RawClient(onceflow_broker.bootstrap_servers) as client:
+        assert _produce_error(client, topic, batch) == ErrorCode.transactional_id_authorization_failed
+    assert _log_end(onceflow_broker.bootstrap_servers, topic) == 0

@@ -47,7 +47,7 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.errors import RecordError
-from onceflow.protocol.records import BatchHeader, check_produce_records
+from onceflow.protocol.records import ATTR_TRANSACTIONAL, ATTRIBUTES_AT, BatchHeader, check_produce_records
 from onceflow.storage.layout import LogFailedError
 from onceflow.storage.producer_state import Duplicate, Rejected
 from onceflow.txn import TopicPartition
@@ -168,13 +168,35 @@ async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
         await asyncio.gather(*futures)
 
 
+def _has_transactional_batch(body) -> bool:
+    """Whether any partition carries a transactional batch (header bit only)."""
+    for topic in body.topic_data:
+        for data in topic.partition_data:
+            records = data.records
+            if records and len(records) > ATTRIBUTES_AT + 1 and records[ATTRIBUTES_AT + 1] & ATTR_TRANSACTIONAL:
+                return True
+    return False
+
+
+def _request_error(body) -> ErrorCode | None:
+    """An error for every partition of the request, as Kafka's KafkaApis answers:
+    transactional batches without a transactional id could open a transaction that
+    no coordinator would ever end."""
+    if body.transactional_id is None and _has_transactional_batch(body):
+        return ErrorCode.transactional_id_authorization_failed
+    return None
+
+
 @handles(ApiKey.PRODUCE)
 async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
     results = []
     all_outcomes: list[_Outcome] = []
+    whole_request_error = _request_error(body)
     for topic in body.topic_data:
-        if acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
+        if whole_request_error is not None:
+            outcomes = [_Outcome(p.index, whole_request_error) for p in topic.partition_data]
+        elif acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
             outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks) for p in topic.partition_data]
         else:
             outcomes = [_append(ctx, topic.name, p, body.transactional_id)
