@@ -231,8 +231,8 @@ def group_metadata_record(group: str, value: GroupMetadataValue | None) -> Recor
 # ---------------------------------------------------------------- decoding
 
 
-class _Reader:
-    """Bounded big-endian reader over one key or value."""
+class Reader:
+    """Bounded big-endian reader over one key or value (also used by txn.records)."""
 
     __slots__ = ("_buf", "_pos")
 
@@ -243,28 +243,31 @@ class _Reader:
     def remaining(self) -> int:
         return len(self._buf) - self._pos
 
-    def _take(self, n: int) -> memoryview:
+    def take(self, n: int) -> memoryview:
         if n < 0 or n > self.remaining():
             raise RecordFormatError(f"need {n} bytes at {self._pos}, {self.remaining()} left")
         view = self._buf[self._pos:self._pos + n]
         self._pos += n
         return view
 
+    def int8(self) -> int:
+        return int.from_bytes(self.take(1), "big", signed=True)
+
     def int16(self) -> int:
-        return _I16.unpack(self._take(2))[0]
+        return _I16.unpack(self.take(2))[0]
 
     def int32(self) -> int:
-        return _I32.unpack(self._take(4))[0]
+        return _I32.unpack(self.take(4))[0]
 
     def int64(self) -> int:
-        return _I64.unpack(self._take(8))[0]
+        return _I64.unpack(self.take(8))[0]
 
     def nullable_string(self) -> str | None:
         n = self.int16()
         if n == -1:
             return None
         try:
-            return bytes(self._take(n)).decode()
+            return bytes(self.take(n)).decode()
         except UnicodeDecodeError as exc:
             raise RecordFormatError(f"string is not UTF-8: {exc}") from None
 
@@ -276,7 +279,7 @@ class _Reader:
 
     def bytes_(self) -> bytes:
         n = self.int32()
-        return b"" if n == -1 else bytes(self._take(n))
+        return b"" if n == -1 else bytes(self.take(n))
 
     def done(self) -> None:
         if self.remaining():
@@ -284,7 +287,7 @@ class _Reader:
 
 
 def decode_key(data: bytes) -> OffsetCommitKey | GroupMetadataKey:
-    r = _Reader(data)
+    r = Reader(data)
     version = r.int16()
     if version in (0, 1):
         key: OffsetCommitKey | GroupMetadataKey = OffsetCommitKey(r.string(), r.string(), r.int32())
@@ -297,7 +300,7 @@ def decode_key(data: bytes) -> OffsetCommitKey | GroupMetadataKey:
 
 
 def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
-    r = _Reader(data)
+    r = Reader(data)
     version = r.int16()
     if version not in _OFFSET_VALUE_VERSIONS:
         raise RecordFormatError(f"unknown OffsetCommitValue version {version}")
@@ -325,7 +328,7 @@ def _decode_member(r: _Reader, version: int) -> MemberMetadataValue:
 
 
 def decode_group_metadata_value(data: bytes) -> GroupMetadataValue:
-    r = _Reader(data)
+    r = Reader(data)
     version = r.int16()
     if version not in _GROUP_VALUE_VERSIONS:
         raise RecordFormatError(f"unknown GroupMetadataValue version {version}")

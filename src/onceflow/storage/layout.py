@@ -30,6 +30,19 @@ from typing import NamedTuple
 
 import crc32c
 
+from onceflow.protocol.records import (  # noqa: F401  (re-exported for storage modules)
+    ATTR_COMPRESSION_MASK,
+    ATTR_CONTROL,
+    ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    ATTRIBUTES_AT,
+    BATCH_HEADER,
+    CRC_AT,
+    LOG_OVERHEAD_BYTES,
+    MAX_TIMESTAMP_AT,
+    BatchHeader,
+)
+
 # ---------------------------------------------------------------------------------------------
 # Errors. Kafka error codes are chosen by the broker; these only name what went wrong here.
 
@@ -85,82 +98,22 @@ class InvalidPartitionsError(StorageError):
 # ---------------------------------------------------------------------------------------------
 # Record batch v2 header.
 
-BATCH_HEADER = struct.Struct(
-    ">q"  # base_offset: first offset of the batch (rewritten on append)
-    "i"  # batch_length: bytes after this field (total size = 12 + batch_length)
-    "i"  # partition_leader_epoch: set by the leader on append (outside the CRC)
-    "b"  # magic: 2 for every batch this broker stores
-    "I"  # crc: CRC-32C of the bytes from `attributes` to the end of the batch
-    "h"  # attributes: bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control
-    "i"  # last_offset_delta: last offset - base offset
-    "q"  # base_timestamp: first record's timestamp (ms)
-    "q"  # max_timestamp: largest record timestamp (ms), or the LogAppendTime stamp
-    "q"  # producer_id: -1 when not idempotent
-    "h"  # producer_epoch
-    "i"  # base_sequence: first sequence number, -1 when not idempotent
-    "i"  # records_count
-)
+# The batch format is declared once, in the protocol layer; storage uses the same
+# header struct and NamedTuple (storage never parses records, only headers).
 BATCH_HEADER_BYTES = BATCH_HEADER.size  # 61
-LOG_OVERHEAD_BYTES = 12  # base_offset + batch_length: the bytes batch_length does not count
 BATCH_LENGTH_MIN = BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES  # a batch with zero records
-CRC_START = 21  # the CRC covers [CRC_START, end of batch)
+CRC_START = ATTRIBUTES_AT  # the CRC covers [CRC_START, end of batch)
 CRC_FIELD = struct.Struct(">I")
-CRC_OFFSET = 17
-ATTRIBUTES_OFFSET = 21
-MAX_TIMESTAMP_OFFSET = 35
+CRC_OFFSET = CRC_AT
+ATTRIBUTES_OFFSET = ATTRIBUTES_AT
+MAX_TIMESTAMP_OFFSET = MAX_TIMESTAMP_AT
 MAGIC_V2 = 2
-ATTR_COMPRESSION_MASK = 0x07
-ATTR_LOG_APPEND_TIME = 0x08
-ATTR_TRANSACTIONAL = 0x10
-ATTR_CONTROL = 0x20
+ATTR_LOG_APPEND_TIME = ATTR_TIMESTAMP_TYPE
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP
 
 # The 17 leading bytes rewritten on append: base_offset, batch_length (unchanged), leader epoch.
 BASE_OFFSET_FIELD = struct.Struct(">q")
 OFFSET_AND_EPOCH_FIELDS = struct.Struct(">qii")
-
-
-class BatchHeader(NamedTuple):
-    """The 13 fields of a v2 batch header, named as in Kafka's DefaultRecordBatch."""
-
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    records_count: int
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def size_bytes(self) -> int:
-        return LOG_OVERHEAD_BYTES + self.batch_length
-
-    @property
-    def compression(self) -> int:
-        return self.attributes & ATTR_COMPRESSION_MASK
-
-    @property
-    def timestamp_type(self) -> int:
-        """0 = CreateTime, 1 = LogAppendTime."""
-        return 1 if self.attributes & ATTR_LOG_APPEND_TIME else 0
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.attributes & ATTR_TRANSACTIONAL)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.attributes & ATTR_CONTROL)
 
 
 def read_header(buf: bytes | memoryview, position: int = 0) -> BatchHeader:

@@ -43,6 +43,7 @@ import struct
 from dataclasses import dataclass
 
 from onceflow.coordinator.records import (  # shared with the group coordinator, not duplicated
+    Reader,
     Record,
     RecordFormatError,
     java_string_hashcode,
@@ -180,36 +181,8 @@ def txn_record(transactional_id: str, value: TxnLogValue | None) -> Record:
 # ---------------------------------------------------------------- decoding
 
 
-class _Reader:
-    """Bounded big-endian reader over one key or value."""
-
-    __slots__ = ("_buf", "_pos")
-
-    def __init__(self, buf: bytes) -> None:
-        self._buf = memoryview(buf)
-        self._pos = 0
-
-    def remaining(self) -> int:
-        return len(self._buf) - self._pos
-
-    def take(self, n: int) -> memoryview:
-        if n < 0 or n > self.remaining():
-            raise RecordFormatError(f"need {n} bytes at {self._pos}, {self.remaining()} left")
-        view = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return view
-
-    def int8(self) -> int:
-        return _I8.unpack(self.take(1))[0]
-
-    def int16(self) -> int:
-        return _I16.unpack(self.take(2))[0]
-
-    def int32(self) -> int:
-        return _I32.unpack(self.take(4))[0]
-
-    def int64(self) -> int:
-        return _I64.unpack(self.take(8))[0]
+class _Reader(Reader):
+    """The group records' reader, plus the flexible (varint) encodings of value v1."""
 
     def uvarint(self) -> int:
         result = shift = 0
@@ -238,10 +211,6 @@ class _Reader:
         if n < 0 or n * entry_bytes_min > self.remaining():
             raise RecordFormatError(f"array count {n} does not fit {self.remaining()} bytes")
         return n
-
-    def done(self) -> None:
-        if self.remaining():
-            raise RecordFormatError(f"{self.remaining()} trailing bytes")
 
 
 def decode_key(data: bytes) -> str:
