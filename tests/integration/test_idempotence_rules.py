@@ -220,12 +220,9 @@ def test_sequence_wraps_around_after_int32_max(client, topic):
     assert other.produce(0).error == ErrorCode.out_of_order_sequence_number
 
 
-def test_plain_batch_while_a_transaction_is_open_is_invalid_txn_state(client, topic):
-    producer = new_producer(client, topic)
-    assert producer.produce(0, transactional=True).error == ErrorCode.none
-    refused = producer.produce(RECORDS_PER_BATCH)
-    assert refused.error == ErrorCode.invalid_txn_state
-    assert log_end_offset(client, topic) == RECORDS_PER_BATCH
+# A plain batch while the producer's transaction is open (INVALID_TXN_STATE) is tested
+# through a real transaction in test_transactions_protocol.py: a transactional batch
+# without a transactional id is refused outright, as Kafka does.
 
 
 def test_batches_without_producer_id_are_not_checked(client, topic):
