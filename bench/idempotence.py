@@ -42,7 +42,6 @@ import platform
 import resource
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _mock_cluster import MockCluster  # noqa: E402  (a sibling file, not a package)
+from throughput import BenchError, free_port, wait_until_serving  # noqa: E402  (sibling)
 
 RECORDS_DEFAULT = 200_000
 RUNS_DEFAULT = 3
@@ -81,10 +81,6 @@ MODE_CONFIGS = {
     "idempotent": {"enable.idempotence": True},  # caps max.in.flight at 5 itself
     "plain, 5 in flight": {"enable.idempotence": False, "max.in.flight.requests.per.connection": 5},
 }
-
-
-class BenchError(Exception):
-    """A failure reported in one line (exit code 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +159,10 @@ def produce(
 
 
 @contextlib.contextmanager
-def fresh_topic(bootstrap: str, partitions: int, mock: MockCluster | None) -> Iterator[str]:
+def fresh_topic(bootstrap: str, partitions: int, mock: MockCluster | None,
+                prefix: str = "bench-idem") -> Iterator[str]:
     """A new topic for one run, deleted after it (disk use stays at one run's data)."""
-    topic = f"bench-idem-{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
     if mock is not None:  # the mock answers no CreateTopics; it keeps little data anyway
         mock.create_topic(topic, partitions)
         yield topic
@@ -176,25 +173,6 @@ def fresh_topic(bootstrap: str, partitions: int, mock: MockCluster | None) -> It
         yield topic
     finally:
         admin.delete_topics([topic])[topic].result(ADMIN_TIMEOUT_S)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_serving(bootstrap: str, process: subprocess.Popen | None, log: Path | None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    deadline = time.monotonic() + BROKER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            tail = log.read_text()[-2000:] if log else ""
-            raise BenchError(f"onceflow broker exited with {process.returncode}:\n{tail}")
-        with contextlib.suppress(KafkaException):
-            admin.list_topics(timeout=BROKER_POLL_S)
-            return
-    raise BenchError(f"no broker answered at {bootstrap} within {BROKER_START_TIMEOUT_S:.0f} s")
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import dataclasses
 import os
 import platform
@@ -45,12 +46,11 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Sibling files, not a package: importable once this directory is on the path.
@@ -58,6 +58,7 @@ from _mock_cluster import MockCluster
 from idempotence import (
     BenchError,
     broker_process,
+    fresh_topic,
     own_cpu_s,
     process_cpu_s,
     wait_until_serving,
@@ -245,22 +246,8 @@ TopicFactory = Callable[[], contextlib.AbstractContextManager[str]]
 
 
 def topic_factory(bootstrap: str, partitions: int, mock: MockCluster | None) -> TopicFactory:
-    @contextlib.contextmanager
-    def fresh_topic() -> Iterator[str]:
-        """A new topic for one round, deleted after it (disk use stays at one round's)."""
-        topic = f"bench-txn-{uuid.uuid4().hex[:8]}"
-        if mock is not None:  # the mock answers no CreateTopics
-            mock.create_topic(topic, partitions)
-            yield topic
-            return
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(ADMIN_TIMEOUT_S)
-        try:
-            yield topic
-        finally:
-            admin.delete_topics([topic])[topic].result(ADMIN_TIMEOUT_S)
-
-    return fresh_topic
+    """A new topic per round, deleted after it (disk use stays at one round's)."""
+    return functools.partial(fresh_topic, bootstrap, partitions, mock, prefix="bench-txn")
 
 
 def ordered(modes: tuple[str, str], round_index: int) -> tuple[str, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -21,3 +23,12 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_fac
     futures = admin.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})])
     futures[name].result(TIMEOUT_S)
     return name
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float, poll_s: float = 0.1) -> None:
+    """Poll `condition` until it holds; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)

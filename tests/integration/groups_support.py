@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.helpers import TIMEOUT_S
+from tests import helpers
 
 WORKER = Path(__file__).with_name("group_worker.py")
 # Broker settings that keep group tests fast: few __consumer_offsets partitions (each is
@@ -36,11 +36,7 @@ def groups_broker() -> Iterator:
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
+    helpers.wait_for(condition, what, timeout_s, POLL_S)
 
 
 class Worker:

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from tests.helpers import TIMEOUT_S
 from tests.kafka_raw import RawClient
+from tests import helpers
 
 # Few internal partitions (each is a directory of files), groups that settle fast, and
 # timed-out transactions looked for often, so timeouts show within a test.
@@ -41,11 +42,7 @@ def txn_broker() -> Iterator:
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
+    helpers.wait_for(condition, what, timeout_s, POLL_S)
 
 
 # ---------------------------------------------------------------- transactional producers
