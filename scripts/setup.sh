@@ -11,8 +11,13 @@ if sys.version_info < (3, 11):
     sys.exit(f"onceflow needs Python >= 3.11, found {sys.version.split()[0]}")
 PY
 
+# Spark (the pipelines) runs on a JVM: Java 17 or newer.
+if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then
+    bash "$(dirname "$0")/system-packages.sh" openjdk-17-jre-headless
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -e ".[test]"
+"$venv/bin/python" -m pip install --quiet -e ".[test,spark]"

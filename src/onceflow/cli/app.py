@@ -15,7 +15,9 @@ app = typer.Typer(
 def _register() -> None:
     # Each command module adds its commands to `app`; kept in one place so the
     # command tree is visible here.
-    from onceflow.cli import broker, clients, faults, groups, stats, topics, txn  # noqa: F401
+    from onceflow.cli import (  # noqa: F401
+        broker, clients, faults, groups, outbox, pipeline, stats, topics, txn,
+    )
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""`onceflow outbox`: placeholder, replaced by its owner."""

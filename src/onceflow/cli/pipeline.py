@@ -1,0 +1,1 @@
+"""`onceflow pipeline`: placeholder, replaced by its owner."""
