@@ -16,6 +16,17 @@ if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then
     bash "$(dirname "$0")/system-packages.sh" openjdk-17-jre-headless
 fi
 
+# Independent Kafka clients the tests use beside the Python ones: kcat (Debian) and
+# kafkajs (npm, its own protocol implementation, run by Node.js).
+missing=()
+command -v kcat >/dev/null || missing+=(kcat)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+if [ "${#missing[@]}" -gt 0 ]; then
+    bash "$(dirname "$0")/system-packages.sh" "${missing[@]}"
+fi
+(cd "$(dirname "$0")/../tests/js" && npm install --no-audit --no-fund --silent)
+
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
