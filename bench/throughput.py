@@ -21,6 +21,11 @@ newest ~5 MB per partition and drops older batches, so it retains fewer records 
 were produced when the load is larger; the mock runs first and onceflow then consumes
 exactly as many records as the mock retained, so both consume phases move the same
 volume. The output is a markdown table ready for docs/benchmarks.md.
+
+Wall-clock rates move with whatever else runs on the machine; CPU time per record
+does much less. Each phase therefore also reports the CPU seconds (user + system)
+that the broker process (onceflow as a child process only; the mock lives inside
+the client) and this client process spent, per record.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import contextlib
 import dataclasses
 import os
 import platform
+import resource
 import shlex
 import signal
 import socket
@@ -46,7 +52,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _mock_cluster import MockCluster  # noqa: E402  (a sibling file, not a package)
+from _mock_cluster import MockCluster  # a sibling file, not a package
 
 RECORDS_DEFAULT = 200_000
 RUNS_DEFAULT = 3
@@ -86,6 +92,8 @@ class Phase:
     records: int
     payload_bytes: int
     seconds: float
+    client_cpu_s: float = 0.0  # this process, librdkafka's threads (and the mock) included
+    broker_cpu_s: float | None = None  # the onceflow child process; None when not ours
 
     @property
     def records_per_s(self) -> float:
@@ -104,6 +112,40 @@ class Result:
     consume_all: Phase  # the whole log (the same as `consume` without a limit)
 
 
+# ------------------------------------------------------------------------ CPU time
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` (Linux /proc), None if unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclasses.dataclass
+class CpuClock:
+    """CPU seconds of the client (this process) and of the broker process, if known."""
+
+    broker_pid: int | None = None
+
+    def read(self) -> tuple[float, float | None]:
+        return own_cpu_s(), process_cpu_s(self.broker_pid)
+
+    def since(self, start: tuple[float, float | None]) -> tuple[float, float | None]:
+        client, broker = self.read()
+        broker_s = None if broker is None or start[1] is None else broker - start[1]
+        return client - start[0], broker_s
+
+
 # ----------------------------------------------------------------------- the load
 
 
@@ -113,7 +155,7 @@ def create_topic_via_admin(bootstrap_servers: str, topic: str, partitions: int) 
     future.result(ADMIN_TIMEOUT_S)
 
 
-def produce_phase(bootstrap_servers: str, topic: str, load: Load) -> Phase:
+def produce_phase(bootstrap_servers: str, topic: str, load: Load, cpu: CpuClock) -> Phase:
     """Produce `load.records` records and wait until all are acknowledged."""
     failures: list[confluent_kafka.KafkaError] = []
     producer = Producer(
@@ -127,7 +169,7 @@ def produce_phase(bootstrap_servers: str, topic: str, load: Load) -> Phase:
         }
     )
     payload = os.urandom(load.record_bytes)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu.read()
     for _ in range(load.records):
         while True:
             try:
@@ -136,15 +178,15 @@ def produce_phase(bootstrap_servers: str, topic: str, load: Load) -> Phase:
             except BufferError:  # local queue full: wait for acknowledgements
                 producer.poll(QUEUE_FULL_POLL_S)
     remaining = producer.flush(PHASE_TIMEOUT_S)
-    seconds = time.perf_counter() - start
+    seconds, (client_s, broker_s) = time.perf_counter() - start, cpu.since(cpu_start)
     if failures or remaining:
         first = failures[0] if failures else "timeout"
         raise BenchError(f"produce: {len(failures)} failed, {remaining} unacknowledged ({first})")
-    return Phase(load.records, load.records * load.record_bytes, seconds)
+    return Phase(load.records, load.records * load.record_bytes, seconds, client_s, broker_s)
 
 
 def consume_phase(
-    bootstrap_servers: str, topic: str, load: Load, limit: int | None
+    bootstrap_servers: str, topic: str, load: Load, limit: int | None, cpu: CpuClock
 ) -> tuple[Phase, Phase]:
     """Read all partitions from their log start to their end.
 
@@ -164,14 +206,19 @@ def consume_phase(
         checkpoint = expected if limit is None else min(expected, limit)
         start = time.perf_counter()
         consumer.assign(partitions)
-        first = read_records(consumer, checkpoint, start)
-        rest = read_records(consumer, expected - checkpoint, start)
+        first = read_records(consumer, checkpoint, start, cpu)
+        rest = read_records(consumer, expected - checkpoint, start, cpu)
     finally:
         consumer.close()
+    broker_s = None
+    if first.broker_cpu_s is not None and rest.broker_cpu_s is not None:
+        broker_s = first.broker_cpu_s + rest.broker_cpu_s
     whole = Phase(
         first.records + rest.records,
         first.payload_bytes + rest.payload_bytes,
         rest.seconds if rest.records else first.seconds,
+        first.client_cpu_s + rest.client_cpu_s,
+        broker_s,
     )
     return first, whole
 
@@ -184,8 +231,11 @@ def available_records(consumer: Consumer, partitions: list[TopicPartition]) -> i
     return total
 
 
-def read_records(consumer: Consumer, expected: int, start: float) -> Phase:
-    """Read `expected` more records; `seconds` counts from `start` to the last of them."""
+def read_records(consumer: Consumer, expected: int, start: float, cpu: CpuClock) -> Phase:
+    """Read `expected` more records; `seconds` counts from `start` to the last of them.
+
+    CPU time counts from this call: the caller's first read starts at `start`."""
+    cpu_start = cpu.read()
     count = payload_bytes = 0
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     while count < expected:
@@ -199,7 +249,8 @@ def read_records(consumer: Consumer, expected: int, start: float) -> Phase:
                 raise BenchError(f"consume: {message.error()}")
             count += 1
             payload_bytes += len(message.value())
-    return Phase(count, payload_bytes, time.perf_counter() - start)
+    seconds, (client_s, broker_s) = time.perf_counter() - start, cpu.since(cpu_start)
+    return Phase(count, payload_bytes, seconds, client_s, broker_s)
 
 
 # ----------------------------------------------------------------- the systems
@@ -230,8 +281,9 @@ def wait_until_serving(
 
 
 @contextlib.contextmanager
-def onceflow_process(data_dir: Path, fsync: bool) -> Iterator[str]:
-    """`onceflow broker` in a child process; SIGTERM (clean shutdown) at the end."""
+def onceflow_process(data_dir: Path, fsync: bool, cpu: CpuClock | None = None) -> Iterator[str]:
+    """`onceflow broker` in a child process; SIGTERM (clean shutdown) at the end.
+    `cpu`, when given, is pointed at the child so phases can read its CPU time."""
     port = free_port()
     log_path = data_dir.parent / "broker.log"
     command = [
@@ -247,6 +299,8 @@ def onceflow_process(data_dir: Path, fsync: bool) -> Iterator[str]:
     ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    if cpu is not None:
+        cpu.broker_pid = process.pid
     try:
         bootstrap_servers = f"127.0.0.1:{port}"
         wait_until_serving(bootstrap_servers, process, log_path)
@@ -266,7 +320,7 @@ def stop_process(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def onceflow_embedded(data_dir: Path, fsync: bool) -> Iterator[str]:
+def onceflow_embedded(data_dir: Path, fsync: bool, cpu: CpuClock | None = None) -> Iterator[str]:
     from onceflow import Broker
 
     with Broker(data_dir, fsync=fsync) as broker:
@@ -275,6 +329,7 @@ def onceflow_embedded(data_dir: Path, fsync: bool) -> Iterator[str]:
 
 def run_onceflow(args: argparse.Namespace, load: Load, consume_limit: int | None) -> Result:
     fsync_label = "fsync on" if args.fsync else "fsync off"
+    cpu = CpuClock()  # the embedded broker's CPU time is the client's: no broker figure
     with contextlib.ExitStack() as stack:
         if args.bootstrap:
             bootstrap, label = args.bootstrap, f"onceflow at {args.bootstrap}"
@@ -286,19 +341,24 @@ def run_onceflow(args: argparse.Namespace, load: Load, consume_limit: int | None
                 )
             )
             start = onceflow_process if args.broker == "process" else onceflow_embedded
-            bootstrap = stack.enter_context(start(base / "data", args.fsync))
+            bootstrap = stack.enter_context(start(base / "data", args.fsync, cpu))
             label = f"onceflow ({args.broker}, {fsync_label})"
 
         def create_topic(topic: str, partitions: int) -> None:
             create_topic_via_admin(bootstrap, topic, partitions)
 
-        return run_load(label, bootstrap, create_topic, load, consume_limit)
+        return run_load(label, bootstrap, create_topic, load, consume_limit, cpu)
 
 
 def run_mock(load: Load) -> Result:
     with MockCluster(num_brokers=1) as mock:
         return run_load(
-            "librdkafka mock cluster", mock.bootstrap_servers, mock.create_topic, load, None
+            "librdkafka mock cluster",
+            mock.bootstrap_servers,
+            mock.create_topic,
+            load,
+            None,
+            CpuClock(),
         )
 
 
@@ -308,6 +368,7 @@ def run_load(
     create_topic: Callable[[str, int], None],
     load: Load,
     consume_limit: int | None,
+    cpu: CpuClock,
 ) -> Result:
     """`load.runs` runs, each on a new topic; the median of each phase."""
     runs = []
@@ -319,8 +380,8 @@ def run_load(
             file=sys.stderr,
             flush=True,
         )
-        produce = produce_phase(bootstrap_servers, topic, load)
-        consume, consume_all = consume_phase(bootstrap_servers, topic, load, consume_limit)
+        produce = produce_phase(bootstrap_servers, topic, load, cpu)
+        consume, consume_all = consume_phase(bootstrap_servers, topic, load, consume_limit, cpu)
         runs.append(Result(system, produce, consume, consume_all))
     return Result(
         system,
@@ -343,14 +404,18 @@ def markdown(results: list[Result], load: Load, command: str) -> str:
     lines = [
         f"Command: `{command}`",
         "",
-        f"Load: {load.records:,} records x {load.record_bytes:,} B, {load.partitions} partitions, "
-        f"acks={ACKS}, linger.ms={LINGER_MS}, no compression; median of {load.runs} runs; "
-        f"confluent-kafka "
-        f"{confluent_kafka.version()} (librdkafka {confluent_kafka.libversion()[0]}), "
-        f"Python {platform.python_version()}, {os.cpu_count()} CPUs, {platform.machine()}.",
+        (
+            f"Load: {load.records:,} records x {load.record_bytes:,} B, "
+            f"{load.partitions} partitions, acks={ACKS}, linger.ms={LINGER_MS}, no compression; "
+            f"median of {load.runs} runs; confluent-kafka {confluent_kafka.version()} "
+            f"(librdkafka {confluent_kafka.libversion()[0]}), Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, {platform.machine()}."
+        ),
         "",
-        "| system | produce records/s | produce MB/s | consume records/s | consume MB/s "
-        "| records consumed |",
+        (
+            "| system | produce records/s | produce MB/s | consume records/s | consume MB/s "
+            "| records consumed |"
+        ),
         "|---|---:|---:|---:|---:|---:|",
     ]
     for result in results:
@@ -373,7 +438,29 @@ def markdown(results: list[Result], load: Load, command: str) -> str:
             f"| **onceflow / mock** | **{ratio(ours.produce, mock.produce)}** | | "
             f"**{ratio(ours.consume, mock.consume)}** | | |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *cpu_table(results)])
+
+
+def cpu_table(results: list[Result]) -> list[str]:
+    """CPU microseconds per record of each median phase (see the module docstring)."""
+    lines = [
+        "| system | phase | broker CPU us/record | client CPU us/record |",
+        "|---|---|---:|---:|",
+    ]
+    for result in results:
+        for name, phase in (("produce", result.produce), ("consume", result.consume_all)):
+            broker = "-" if phase.broker_cpu_s is None else per_record_us(phase.broker_cpu_s, phase)
+            client = per_record_us(phase.client_cpu_s, phase)
+            lines.append(f"| {result.system} | {name} | {broker} | {client} |")
+    return lines
+
+
+def per_record_us(cpu_s: float, phase: Phase) -> str:
+    return f"{cpu_s / phase.records * 1e6:.2f}"
+
+
+def loads(averages: tuple[float, float, float] | None = None) -> str:
+    return " ".join(f"{value:.2f}" for value in averages or os.getloadavg())
 
 
 def ratio(ours: Phase, mock: Phase) -> str:
@@ -420,6 +507,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     load = Load(args.records, args.record_bytes, args.partitions, args.runs)
+    load_before = os.getloadavg()
     results = []
     try:
         mock = None if args.skip_mock else run_mock(load)
@@ -433,6 +521,7 @@ def main(argv: list[str]) -> int:
         return 1
     command = shlex.join(["python", "bench/throughput.py", *argv])
     print(markdown(results, load, command))
+    print(f"\nLoad average (1, 5, 15 min) at start: {loads(load_before)}, at end: {loads()}")
     return 0
 
 
