@@ -1,13 +1,38 @@
 """`make run`: what onceflow is for - exactly-once results through crashes.
 
-The demo itself is `onceflow.demo_exactly_once` (an in-process broker on ./data, two
-transactional copiers killed again and again, a live read_committed check); this module
-is the stable entry point the Makefile runs.
+Two demos, one after the other, each with its own directory under ./data:
+
+1. `onceflow.demo_exactly_once` (./data/exactly-once): an in-process broker, two
+   transactional copiers killed again and again, a live read_committed check;
+2. `onceflow.demo_pipeline` (./data/pizza): the pizza pipeline on Spark, its driver
+   SIGKILLed mid-batch and restarted from its checkpoint, then the totals verified.
+
+This module is the stable entry point the Makefile runs; it stops at the first demo
+that fails and exits with its code.
 """
 
 from __future__ import annotations
 
-from onceflow.demo_exactly_once import main
+from collections.abc import Callable
+
+from onceflow import demo_exactly_once, demo_pipeline
+
+
+def _exit_code(demo: Callable[[], object]) -> int:
+    try:
+        demo()
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
+
+
+def main() -> None:
+    code = _exit_code(demo_exactly_once.main)
+    if code != 0:
+        raise SystemExit(code)
+    print()
+    raise SystemExit(demo_pipeline.run())
+
 
 if __name__ == "__main__":
     main()

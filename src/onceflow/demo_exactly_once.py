@@ -28,7 +28,7 @@ from rich.table import Table
 
 from onceflow import Broker
 
-DATA_DIR = Path("data")
+DATA_DIR = Path("data/exactly-once")
 RECORDS = 20_000
 PARTITIONS = 4
 COPIERS = 2

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from onceflow.spark import checkpoint as spark_checkpoint
 from tests.helpers import create_topic, unique, wait_for
 
 __all__ = ["DriverProcess", "create_topic", "produce", "read_committed", "unique", "wait_for"]
@@ -82,12 +83,11 @@ class DriverProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> DriverProcess:
-        log = open(self.log_path, "a")
-        log.write(f"\n=== start {' '.join(self.command)}\n")
-        log.flush()
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.env, start_new_session=True)
-        log.close()
+        with open(self.log_path, "a") as log:
+            log.write(f"\n=== start {' '.join(self.command)}\n")
+            log.flush()
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.env, start_new_session=True)
         return self
 
     def kill(self) -> None:
@@ -113,31 +113,17 @@ class DriverProcess:
 
 def batches_started(checkpoint: Path) -> set[int]:
     """Micro-batch ids whose offsets Spark has written (the batch is planned or running)."""
-    return _batch_ids(checkpoint / "offsets")
+    return spark_checkpoint.batches_planned(checkpoint)
 
 
 def batches_committed(checkpoint: Path) -> set[int]:
     """Micro-batch ids Spark has marked done in its commit log."""
-    return _batch_ids(checkpoint / "commits")
-
-
-def _batch_ids(directory: Path) -> set[int]:
-    if not directory.is_dir():
-        return set()
-    return {int(entry.name) for entry in directory.iterdir() if entry.name.isdigit()}
+    return spark_checkpoint.batches_committed(checkpoint)
 
 
 def wait_mid_batch(checkpoint: Path, after_batch: int, timeout_s: float = 120.0) -> int:
     """Wait until a batch later than `after_batch` is planned and not yet committed; return it."""
-    found: list[int] = []
-
-    def in_flight() -> bool:
-        open_batches = batches_started(checkpoint) - batches_committed(checkpoint)
-        found[:] = sorted(b for b in open_batches if b > after_batch)
-        return bool(found)
-
-    wait_for(in_flight, f"a micro-batch after {after_batch} in flight under {checkpoint}", timeout_s, poll_s=0.02)
-    return found[0]
+    return spark_checkpoint.wait_mid_batch([checkpoint], after_batch, timeout_s)[1]
 
 
 def json_values(records: list) -> list[dict]:
