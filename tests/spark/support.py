@@ -16,7 +16,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from onceflow.spark import checkpoint as spark_checkpoint
 from tests.helpers import create_topic, unique, wait_for
 
-__all__ = ["DriverProcess", "create_topic", "produce", "read_committed", "unique", "wait_for"]
+__all__ = ["DriverProcess", "batches_committed", "batches_started", "create_topic", "produce",
+           "read_committed", "unique", "wait_for", "wait_mid_batch"]
 
 READ_IDLE_S = 3.0
 

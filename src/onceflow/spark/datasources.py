@@ -67,4 +67,4 @@ class DatabaseDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from onceflow.spark import db_sink
 
-        return db_sink.DatabaseStreamWriter(self.options, schema)
+        return db_sink.DatabaseStreamWriter(self.options, schema, overwrite)

@@ -1,0 +1,1 @@
+"""Spark driver scripts of the onceflow-db sink tests (run as child processes)."""
