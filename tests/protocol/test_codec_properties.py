@@ -76,6 +76,8 @@ def test_request_round_trip(request: tuple[RequestHeader, Any]) -> None:
     decoded = decode_request(frame[4:])
     assert decoded.header == header
     assert decoded.body == body
+    # Large frames arrive in (writable) pooled bytearrays: the same decoding.
+    assert decode_request(bytearray(frame[4:])).body == body
 
 
 @SETTINGS
@@ -164,3 +166,68 @@ def test_fuzz_mutated_generated_frames(
 ) -> None:
     header, body = request
     decode_only_protocol_errors(mutate(encode_request(header, body)[4:], edits))
+
+
+# ------------------------------------------ Produce records are views, not copies
+
+
+def kio_decode(frame: bytes | bytearray) -> Any:
+    """kio's own decoding of a request frame's body, records copied (the reference)."""
+    header = decode_request(frame).header
+    body_start = 8 + 2 + len((header.client_id or "").encode())
+    if request_type(header.api_key, header.api_version).__flexible__:
+        body_start += 1  # an empty tagged-field section (encode_request writes no tags)
+    body, _size = entity_reader(request_type(header.api_key, header.api_version))(
+        bytes(frame), body_start
+    )
+    return body
+
+
+def records_fields(body: Any) -> list[Any]:
+    return [p.records for topic in body.topic_data for p in topic.partition_data]
+
+
+produce_versions = st.integers(*SUPPORTED[ApiKey.PRODUCE])
+
+
+@st.composite
+def produce_requests(draw: st.DrawFn) -> tuple[RequestHeader, Any]:
+    version = draw(produce_versions)
+    header = RequestHeader(ApiKey.PRODUCE, version, draw(st.integers(0, 2**31 - 1)), "p")
+    return header, draw(st.from_type(request_type(ApiKey.PRODUCE, version)))
+
+
+@SETTINGS
+@given(produce_requests())
+def test_produce_decodes_as_kio_does_with_records_as_views_of_the_frame(
+    request: tuple[RequestHeader, Any],
+) -> None:
+    header, body = request
+    frame = bytearray(encode_request(header, body)[4:])
+    decoded = decode_request(frame).body
+    reference = kio_decode(frame)
+    assert decoded == reference == body
+    for ours, theirs in zip(records_fields(decoded), records_fields(reference), strict=True):
+        if theirs is None:
+            assert ours is None
+        else:
+            assert isinstance(ours, memoryview) and ours.obj is frame  # no copy
+            assert bytes(ours) == theirs
+
+
+@SETTINGS
+@given(produce_requests(), st.data())
+def test_produce_records_survive_unknown_tagged_fields(
+    request: tuple[RequestHeader, Any], data: st.DataObject
+) -> None:
+    """Records cut out and unknown tags cut out in the same body: both edits apply."""
+    header, body = request
+    if not request_type(header.api_key, header.api_version).__flexible__:
+        return
+    frame = encode_request(header, body)[4:]
+    # The request's own tagged-field section is the last byte (an empty one): give
+    # it an unknown tag, which kio would refuse and the walker drops.
+    tag_value = data.draw(st.binary(max_size=8))
+    tagged = b"\x01" + bytes([99, len(tag_value)]) + tag_value
+    decoded = decode_request(frame[:-1] + tagged).body
+    assert decoded == body

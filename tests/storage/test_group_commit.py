@@ -69,6 +69,24 @@ def test_each_log_flushed_once_per_round():
     committer.close()
 
 
+def test_logs_of_a_round_are_flushed_in_parallel():
+    committer = GroupCommitter(fsync_enabled=True)
+    blocker = GateLog()
+    committer.request_flush(blocker)
+    assert blocker.started.wait(10)  # the next requests all land in one round
+    delay_s, logs = 0.3, [SlowLog(0.3) for _ in range(4)]
+    futures = [committer.request_flush(log) for log in logs]
+    start = time.monotonic()
+    blocker.release.set()
+    for future in futures:
+        assert future.result(timeout=10) is None
+    elapsed_s = time.monotonic() - start
+    committer.close()
+    assert [log.flushes for log in logs] == [1, 1, 1, 1]
+    # One after the other they would take 4 x 0.3 s.
+    assert elapsed_s < 2.5 * delay_s, elapsed_s
+
+
 def test_failed_flush_sets_exception_on_its_futures_only(caplog):
     committer = GroupCommitter(fsync_enabled=True)
     bad, good = SlowLog(0.02, OSError(5, "EIO")), SlowLog(0)

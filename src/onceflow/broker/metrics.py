@@ -21,6 +21,7 @@ per label tuple, so counting costs one dict lookup and one increment.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from onceflow.protocol.apis import ApiKey
 
-__all__ = ["BrokerMetrics", "CONTENT_TYPE", "error_name", "request_name"]
+__all__ = ["CONTENT_TYPE", "BrokerMetrics", "error_name", "request_name"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Response bodies are nested dicts and lists; nothing Kafka sends nests deeper than this,
@@ -37,6 +38,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 ERROR_WALK_DEPTH_MAX = 8
 
 
+# Cached (once per request otherwise): the keys are API keys and error codes of
+# answered requests, both bounded (see "Labels stay bounded").
+@functools.cache
 def request_name(api_key: int) -> str:
     """Kafka's request name: 22 -> "InitProducerId"."""
     try:
@@ -45,6 +49,7 @@ def request_name(api_key: int) -> str:
         return str(api_key)
 
 
+@functools.cache
 def error_name(code: int) -> str:
     """Kafka's error name: 45 -> "OUT_OF_ORDER_SEQUENCE_NUMBER"."""
     try:

@@ -1,11 +1,14 @@
 """The asyncio pump: sockets in, frames to handlers, responses out in order.
 
 Theory of operation. Each node of the cluster view has one listener. A connection
-is an `asyncio.Protocol`: received bytes go into a sans-IO `FrameReader`; every
-complete frame is decoded and its handler started as a task, in arrival order (so
-the handlers' synchronous parts — the appends — run in that order). Responses are
+is an `asyncio.BufferedProtocol` around a sans-IO `FrameReader`: the socket reads
+straight into the buffers the reader hands out (a large request's body lands in
+its own pooled buffer, never copied again: protocol/framing.py), every complete
+frame is decoded and its handler started as a task, in arrival order (so the
+handlers' synchronous parts — the appends — run in that order). Responses are
 written strictly in request order by one writer coroutine per connection, as Kafka
-guarantees. At most `CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection
+guarantees; once a request is answered its frame goes back to the server's
+`BufferPool`. At most `CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection
 are in the broker; past that the connection stops reading until one is answered.
 
 A peer that breaks the protocol (bad frame size, undecodable request, unknown API
@@ -33,20 +36,27 @@ from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX, BrokerConf
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, ApiKey, RequestContext, load_all
 from onceflow.broker.state import BrokerState
-from onceflow.protocol.codec import (Request, api_versions_fallback, build_response, decode_request,
-                                    encode_response_chunks)
+from onceflow.protocol.codec import (
+    Request,
+    api_versions_fallback,
+    build_response,
+    decode_request,
+    encode_response_chunks,
+)
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
-from onceflow.protocol.framing import FrameReader
+from onceflow.protocol.framing import BufferPool, FrameReader
 
 log = logging.getLogger("onceflow.broker")
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     def __init__(self, server: BrokerServer, node_id: int) -> None:
         self._server = server
         self._node_id = node_id
-        self._frames = FrameReader(server.config.frame_bytes_max)
-        self._pending: collections.deque[asyncio.Future[bytes | None]] = collections.deque()
+        self._frames = FrameReader(server.config.frame_bytes_max, server.frame_pool)
+        # (answer, frame) per request in the broker, oldest first.
+        self._pending: collections.deque[
+            tuple[asyncio.Future[bytes | None], bytes | memoryview]] = collections.deque()
         self._writer: asyncio.Task[None] | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -72,7 +82,7 @@ class _Connection(asyncio.Protocol):
         self._closed = True
         self._server.connections.discard(self)
         self._can_write.set()
-        for task in self._pending:
+        for task, _frame in self._pending:
             task.cancel()
 
     def pause_writing(self) -> None:
@@ -81,11 +91,14 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
         try:
-            self._frames.receive_data(data)
+            self._frames.buffer_updated(nbytes)
             while (frame := self._frames.next_frame()) is not None:
                 self._start(frame)
                 if self._closed:
@@ -95,21 +108,21 @@ class _Connection(asyncio.Protocol):
 
     # -- requests ---------------------------------------------------------
 
-    def _start(self, frame: bytes) -> None:
+    def _start(self, frame: bytes | memoryview) -> None:
         try:
             request = decode_request(frame)
         except UnsupportedVersion as exc:
             if exc.header.api_key != ApiKey.API_VERSIONS:
                 self._drop(f"unsupported API {exc.header.api_key} v{exc.header.api_version}")
                 return
-            self._enqueue(_done(api_versions_fallback(exc.header)))
+            self._enqueue(_done(api_versions_fallback(exc.header)), frame)
             return
         work = self._server.faults.intercept(request, self._node_id, self._handle(request),
                                              self._drop)
-        self._enqueue(asyncio.ensure_future(work))
+        self._enqueue(asyncio.ensure_future(work), frame)
 
-    def _enqueue(self, future: asyncio.Future[bytes | None]) -> None:
-        self._pending.append(future)
+    def _enqueue(self, future: asyncio.Future[bytes | None], frame: bytes | memoryview) -> None:
+        self._pending.append((future, frame))
         if len(self._pending) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX and not self._reading_paused:
             self._reading_paused = True
             assert self._transport is not None
@@ -135,7 +148,7 @@ class _Connection(asyncio.Protocol):
     async def _write_responses(self) -> None:
         while self._pending and not self._closed:
             try:
-                payload = await self._pending[0]
+                payload = await self._pending[0][0]
             except asyncio.CancelledError:
                 return
             except Exception:
@@ -143,7 +156,9 @@ class _Connection(asyncio.Protocol):
                 self._server.handler_failures += 1
                 self._drop("handler failure")
                 return
-            self._pending.popleft()
+            # The handler is done with the request: its frame may serve another one
+            # (the pool checks that no view of it is left).
+            self._server.frame_pool.give(self._pending.popleft()[1])
             if payload is not None and self._transport is not None:
                 if isinstance(payload, list):   # scatter-gather: records are not copied
                     self._transport.writelines(payload)
@@ -158,7 +173,7 @@ class _Connection(asyncio.Protocol):
     def _drop(self, reason: str) -> None:
         log.info("closing connection to node %d: %s", self._node_id, reason)
         self._closed = True
-        for task in self._pending:   # nobody will read their answers
+        for task, _frame in self._pending:   # nobody will read their answers
             task.cancel()
         if self._transport is not None:
             self._transport.abort()
@@ -194,6 +209,7 @@ class BrokerServer:
         self.state: BrokerState | None = None
         self.connections: set[_Connection] = set()
         self.handler_failures = 0
+        self.frame_pool = BufferPool()  # large request frames, shared by all connections
         self.faults = FaultInjector(self)
         self.admin: AdminServer | None = None
         self._servers: list[asyncio.base_events.Server] = []

@@ -12,24 +12,14 @@ of one (api_key, api_version). `decode_request`:
    of such a request is never parsed, as in Kafka;
 3. skips the header's tagged fields when the version is flexible (header v2;
    Kafka defines none in the request header, so all are skipped);
-4. walks the body with a bounds checker compiled from the kio schema (see
-   "Why a walker" below), and
+4. walks the body with a bounds checker compiled from the kio schema
+   (walker.py: why a walker is needed, and how it cuts records fields out so
+   that a Produce body holds views of the frame instead of copies), and
 5. hands the body to kio's native reader, requiring that it consume exactly the
    rest of the frame.
 
 Any failure in steps 1-5 is a `ProtocolError`; nothing else escapes for any
 input (tests/protocol fuzz this).
-
-Why a walker before kio. kio 0.6.5's native reader trusts compact array lengths:
-it reserves memory for the announced count before reading elements, so a
-6-byte frame announcing 2^32 elements aborts the whole process (Rust's
-allocation failure handler, not a Python exception). It also rejects unknown
-tagged fields with KeyError, where Kafka skips them (KIP-482 lets newer clients
-add tags to existing versions). The walker follows the same schema as kio, checks
-every length and count against the bytes left (Kafka's generated code makes the
-same check), and cuts unknown tagged fields out of the copy handed to kio. It
-does no per-byte work on opaque fields: a 1 MiB records blob is one length
-check. Record data stays opaque kio `Records` bytes in both directions.
 
 Responses. `encode_response` writes the frame size, the response header and the
 kio-encoded body into one buffer. Header v1 (correlation id plus tagged fields)
@@ -56,8 +46,6 @@ import functools
 import importlib
 import io
 import struct
-import types
-import typing
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -72,6 +60,21 @@ from kio.serial.readers import tz_aware_from_i64
 from onceflow.protocol.apis import SUPPORTED, ApiKey, is_supported
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import FRAME_SIZE
+from onceflow.protocol.walker import (
+    _NO_TAGS,
+    _Edit,
+    _field_infos,
+    _FieldInfo,
+    _put_records,
+    _read_fixed,
+    _records_plan,
+    _Shape,
+    _shape,
+    _skip,
+    _splice,
+    _walk_entity,
+    _walk_tagged_fields,
+)
 
 __all__ = (
     "Request",
@@ -90,13 +93,9 @@ __all__ = (
 # api_key int16, api_version int16, correlation_id int32: the start of every header.
 _HEADER_FIXED = struct.Struct(">hhi")
 _CORRELATION_ID = struct.Struct(">i")
-_INT8 = struct.Struct(">b")
 _INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
 # An empty tagged-field section: a zero count.
 _NO_TAGGED_FIELDS = b"\x00"
-# Kafka encodes unsigned varints of int32 values in at most 5 bytes.
-_UVARINT_BYTES_MAX = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,268 +112,6 @@ class Request:
     body: Any  # the kio request dataclass for (api_key, api_version)
 
 
-# ---------------------------------------------------------------- kio schemas
-
-
-class _FieldInfo(NamedTuple):
-    """What the walker and the builder need to know about one kio field."""
-
-    name: str
-    kafka_type: str | None  # None for nested entities
-    entity: type | None  # nested entity class (alone or as array element)
-    is_array: bool
-    nullable: bool  # the Python type admits None
-    tag: int | None  # tagged-field tag, None for a regular field
-
-
-def _classify(field: dataclasses.Field[Any]) -> _FieldInfo:
-    field_type: Any = field.type
-    nullable = False
-    if typing.get_origin(field_type) in (types.UnionType, typing.Union):
-        members = [arg for arg in typing.get_args(field_type) if arg is not types.NoneType]
-        nullable = len(members) < len(typing.get_args(field_type))
-        (field_type,) = members
-    is_array = typing.get_origin(field_type) is tuple
-    if is_array:
-        field_type = typing.get_args(field_type)[0]
-    entity = field_type if dataclasses.is_dataclass(field_type) else None
-    return _FieldInfo(
-        name=field.name,
-        kafka_type=field.metadata.get("kafka_type"),
-        entity=entity,  # type: ignore[arg-type]
-        is_array=is_array,
-        nullable=nullable,
-        tag=field.metadata.get("tag"),
-    )
-
-
-@functools.cache
-def _field_infos(entity_type: type) -> tuple[_FieldInfo, ...]:
-    return tuple(_classify(field) for field in dataclasses.fields(entity_type))
-
-
-# ---------------------------------------------------------------- the walker
-
-# Step kinds. A step is (kind, argument, flag).
-_FIXED = 0  # argument: byte count
-_STRING16 = 1  # int16 length, -1 = null
-_BYTES32 = 2  # int32 length, -1 = null
-_COMPACT = 3  # unsigned varint length + 1, 0 = null
-_ENTITY = 4  # argument: _Shape; flag: preceded by an int8 null marker
-_ARRAY = 5  # argument: element step; flag: compact (varint count + 1) or int32 count
-
-_Step = tuple[int, Any, bool]
-
-_FIXED_BYTES = {
-    "bool": 1, "int8": 1, "uint8": 1,
-    "int16": 2, "uint16": 2, "error_code": 2,
-    "int32": 4, "uint32": 4, "timedelta_i32": 4,
-    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
-    "uuid": 16,
-}  # fmt: skip
-
-
-class _Shape(NamedTuple):
-    fields: tuple[_Step, ...]
-    tags: dict[int, _Step]
-    flexible: bool
-
-
-def _primitive_step(kafka_type: str | None, flexible: bool) -> _Step:
-    if kafka_type in _FIXED_BYTES:
-        return (_FIXED, _FIXED_BYTES[kafka_type], False)
-    if kafka_type == "string":
-        return (_COMPACT, None, False) if flexible else (_STRING16, None, False)
-    if kafka_type in ("bytes", "records"):
-        return (_COMPACT, None, False) if flexible else (_BYTES32, None, False)
-    raise RuntimeError(f"kio kafka_type {kafka_type!r} is unknown to the bounds walker")
-
-
-@functools.cache
-def _shape(entity_type: type) -> _Shape:
-    flexible: bool = entity_type.__flexible__  # type: ignore[attr-defined]
-    fields: list[_Step] = []
-    tags: dict[int, _Step] = {}
-    for info in _field_infos(entity_type):
-        if info.entity is not None:
-            # kio writes a null marker only for a nullable, untagged, single struct.
-            marker = info.nullable and not info.is_array and info.tag is None
-            step: _Step = (_ENTITY, _shape(info.entity), marker)
-        else:
-            step = _primitive_step(info.kafka_type, flexible)
-        if info.is_array:
-            step = (_ARRAY, step, flexible)
-        if info.tag is None:
-            fields.append(step)
-        else:
-            tags[info.tag] = step
-    return _Shape(_merge_fixed(fields), tags, flexible)
-
-
-def _merge_fixed(steps: list[_Step]) -> tuple[_Step, ...]:
-    """Fuse runs of fixed-size fields into one step: the walker's hot loop shrinks."""
-    merged: list[_Step] = []
-    for step in steps:
-        if step[0] == _FIXED and merged and merged[-1][0] == _FIXED:
-            merged[-1] = (_FIXED, merged[-1][1] + step[1], False)
-        else:
-            merged.append(step)
-    return tuple(merged)
-
-
-_NO_TAGS = _Shape((), {}, True)
-
-# An edit replaces buf[start:end] with new bytes: (start, end, replacement).
-_Edit = tuple[int, int, bytes]
-
-
-def _truncated(pos: int) -> ProtocolError:
-    return ProtocolError(f"request truncated at byte {pos}")
-
-
-def _read_uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    value = 0
-    for shift in range(0, 7 * _UVARINT_BYTES_MAX, 7):
-        if pos >= end:
-            raise _truncated(pos)
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-    raise ProtocolError(f"unsigned varint longer than {_UVARINT_BYTES_MAX} bytes at byte {pos}")
-
-
-def _read_fixed(codec: struct.Struct, buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    if pos + codec.size > end:
-        raise _truncated(pos)
-    return codec.unpack_from(buf, pos)[0], pos + codec.size
-
-
-def _skip(length: int, pos: int, end: int) -> int:
-    if length < -1:
-        raise ProtocolError(f"negative length {length} at byte {pos}")
-    pos += max(length, 0)
-    if pos > end:
-        raise _truncated(end)
-    return pos
-
-
-def _walk(step: _Step, buf: memoryview, pos: int, end: int, edits: list[_Edit]) -> int:
-    kind, argument, flag = step
-    if kind == _FIXED:
-        if pos + argument > end:
-            raise _truncated(pos)
-        return pos + argument
-    if kind == _STRING16:
-        length, pos = _read_fixed(_INT16, buf, pos, end)
-        return _skip(length, pos, end)
-    if kind == _BYTES32:
-        length, pos = _read_fixed(_INT32, buf, pos, end)
-        return _skip(length, pos, end)
-    if kind == _COMPACT:
-        length, pos = _read_uvarint(buf, pos, end)
-        return _skip(length - 1, pos, end)
-    if kind == _ENTITY:
-        if flag:
-            marker, pos = _read_fixed(_INT8, buf, pos, end)
-            if marker < 0:
-                return pos
-        return _walk_entity(argument, buf, pos, end, edits)
-    return _walk_array(argument, flag, buf, pos, end, edits)
-
-
-def _walk_array(
-    element: _Step, compact: bool, buf: memoryview, pos: int, end: int, edits: list[_Edit]
-) -> int:
-    if compact:
-        count, pos = _read_uvarint(buf, pos, end)
-        count -= 1
-    else:
-        count, pos = _read_fixed(_INT32, buf, pos, end)
-    if count < -1 or count > end - pos:
-        # Kafka's rule too: a count above the bytes left cannot be honest, and
-        # kio would reserve memory for it before noticing.
-        raise ProtocolError(f"array count {count} with {end - pos} bytes left at byte {pos}")
-    if count <= 0:  # -1 is a null array
-        return pos
-    if element[0] == _FIXED:
-        return _skip(count * element[1], pos, end)
-    if element[0] == _ENTITY:  # array elements never carry a null marker
-        for _ in range(count):
-            pos = _walk_entity(element[1], buf, pos, end, edits)
-        return pos
-    for _ in range(count):
-        pos = _walk(element, buf, pos, end, edits)
-    return pos
-
-
-def _walk_entity(shape: _Shape, buf: memoryview, pos: int, end: int, edits: list[_Edit]) -> int:
-    for step in shape.fields:
-        if step[0] == _FIXED:  # inlined: most fields are fixed-size
-            pos += step[1]
-            if pos > end:
-                raise _truncated(end)
-        else:
-            pos = _walk(step, buf, pos, end, edits)
-    if not shape.flexible:
-        return pos
-    if pos < end and buf[pos] == 0:  # no tagged fields, the usual case
-        return pos + 1
-    return _walk_tagged_fields(shape, buf, pos, end, edits)
-
-
-def _walk_tagged_fields(
-    shape: _Shape, buf: memoryview, pos: int, end: int, edits: list[_Edit]
-) -> int:
-    """Check a tagged-field section; schedule an edit dropping unknown tags."""
-    section_start = pos
-    count, pos = _read_uvarint(buf, pos, end)
-    kept: list[bytes] = []
-    rewrite = False
-    for _ in range(count):
-        field_start = pos
-        tag, pos = _read_uvarint(buf, pos, end)
-        size, pos = _read_uvarint(buf, pos, end)
-        value_end = _skip(size, pos, end)
-        step = shape.tags.get(tag)
-        if step is None:
-            rewrite = True  # unknown tag: Kafka ignores it, kio would refuse it
-        else:
-            inner: list[_Edit] = []
-            if _walk(step, buf, pos, value_end, inner) != value_end:
-                raise ProtocolError(f"tagged field {tag} size mismatch at byte {pos}")
-            if inner:
-                value = _splice(buf, pos, value_end, inner)
-                kept.append(_encode_uvarint(tag) + _encode_uvarint(len(value)) + value)
-                rewrite = True
-            else:
-                kept.append(bytes(buf[field_start:value_end]))
-        pos = value_end
-    if rewrite:
-        edits.append((section_start, pos, _encode_uvarint(len(kept)) + b"".join(kept)))
-    return pos
-
-
-def _splice(buf: memoryview, start: int, end: int, edits: list[_Edit]) -> bytes:
-    parts: list[bytes | memoryview] = []
-    cursor = start
-    for edit_start, edit_end, replacement in edits:
-        parts += (buf[cursor:edit_start], replacement)
-        cursor = edit_end
-    parts.append(buf[cursor:end])
-    return b"".join(parts)
-
-
-def _encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 # ---------------------------------------------------------------- per-API codecs
 
 
@@ -387,6 +124,7 @@ class _ApiCodec(NamedTuple):
     write_response: Callable[[Any, Any], None]
     flexible: bool  # request header v2; response header v1 unless ApiVersions
     response_header_flexible: bool
+    has_records: bool  # the request carries records fields (Produce): cut them out
 
 
 @functools.cache
@@ -403,6 +141,7 @@ def _api_codec(api_key: int, api_version: int) -> _ApiCodec:
         write_response=entity_writer(response_cls),
         flexible=flexible,
         response_header_flexible=flexible and api_key != ApiKey.API_VERSIONS,
+        has_records=bool(_records_plan(request_cls)),
     )
 
 
@@ -425,7 +164,9 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     Raises UnsupportedVersion(header) for a key/version outside apis.SUPPORTED and
     ProtocolError for anything malformed; nothing else.
     """
-    view = memoryview(frame).cast("B")
+    # Read-only: kio's reader refuses writable buffers (a large frame is a pooled
+    # bytearray), and records handed out as views of it must not be writable either.
+    view = memoryview(frame).cast("B").toreadonly()
     header, pos = _decode_header(view)
     if not is_supported(header.api_key, header.api_version):
         raise UnsupportedVersion(header)
@@ -434,9 +175,10 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     if codec.flexible:
         pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
     edits: list[_Edit] = []
+    cuts: list[memoryview | None] | None = [] if codec.has_records else None
     # Bytes after the body are ignored, as Kafka's generated readers do:
     # librdkafka 2.x sends 3 extra bytes after a Metadata v12 "all topics" body.
-    end = _walk_entity(codec.request_shape, view, pos, end, edits)
+    end = _walk_entity(codec.request_shape, view, pos, end, edits, cuts)
     view = view[:end]
     body_buffer: bytes | memoryview = view
     if edits:
@@ -447,6 +189,11 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
         raise ProtocolError(f"undecodable request body ({header}): {error!r}") from error
     if pos + size != len(body_buffer):
         raise ProtocolError(f"request body size mismatch ({header})")
+    if cuts:
+        remaining = iter(cuts)
+        body = _put_records(body, remaining)
+        if next(remaining, None) is not None:
+            raise AssertionError(f"records cut from {header} outnumber its records fields")
     return Request(header, body)
 
 
@@ -531,7 +278,7 @@ class _ChunkWriter:
     is kept as its own chunk, so a Fetch response never copies its records.
     """
 
-    __slots__ = ("_chunks", "_small", "_size")
+    __slots__ = ("_chunks", "_size", "_small")
 
     def __init__(self) -> None:
         self._chunks: list[bytes | memoryview] = []

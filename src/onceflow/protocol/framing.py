@@ -1,28 +1,56 @@
 """Size-prefixed frames out of a byte stream, sans I/O.
 
 Theory of operation: every Kafka request and response is a frame, a 4-byte
-big-endian signed size followed by that many bytes. The connection pump feeds
-whatever the socket gave it to `FrameReader.receive_data` and then calls
-`next_frame` until it returns None. The size at the head of the buffer is
-validated as soon as its 4 bytes are there, before the body is waited for, so a
-peer announcing a 2 GiB frame is refused after 4 bytes instead of after we have
-buffered it. The buffer is therefore bounded by one frame (at most
-`frame_bytes_max`) plus one socket read.
+big-endian signed size followed by that many bytes. `FrameReader` takes bytes in
+one of two ways and hands out complete frames with `next_frame`:
 
-Consumed bytes are not cut off the front of the buffer one frame at a time
-(that copies the tail every time and turns many small frames into quadratic
-work); a read offset advances instead and the buffer is compacted only when the
-consumed prefix is at least half of it, which makes compaction amortised O(1)
-per byte.
+- zero-copy, for `asyncio.BufferedProtocol`: the pump asks `get_buffer()` where
+  the socket should read into, reads there, then reports the byte count with
+  `buffer_updated(nbytes)`;
+- `receive_data(data)`, for anyone holding bytes already (tests, clients); it
+  copies `data` through the same two calls.
+
+Sizes are validated as soon as their 4 bytes are there, before any body is
+waited for, so a peer announcing a 2 GiB frame is refused after 4 bytes instead
+of after we have buffered it. A bad size behind complete frames is reported once
+those frames have been taken, so every good request before it is still served.
+
+Where the bytes land. Reads go into a fixed `head` buffer while no large frame
+is under way. Complete frames of the head are cut out at once (a copy, cheap at
+their size). A frame of at least `DIRECT_FRAME_BYTES_MIN` that is not complete
+yet gets a buffer of its own from a `BufferPool`: the bytes of it already in the
+head are copied there once (right after a large frame only a short read goes to
+the head, so that is little), and from then on `get_buffer` hands out exactly the
+rest of that frame, so the socket writes the body (Produce's records: nearly
+every byte) straight to its final place, and `next_frame` returns a memoryview
+of it. Produce is decoded without copying its records (codec.py), so a record
+batch is copied by the kernel from the socket into that buffer and by the kernel
+from there into the log, and by nobody in between.
+
+Recycling. Allocating a fresh multi-megabyte buffer per request costs page faults
+and zeroing for every byte, about what a copy costs; `BufferPool.give(frame)`
+takes a large frame's buffer back once its request is done, and reuses it only if
+no view of it is alive any more (see `BufferPool.give`), so a view kept by
+mistake can never see its bytes overwritten. The pool keeps at most
+`pool_bytes_max` idle bytes. Memory held by a reader is bounded by the head plus
+one frame under way (at most `frame_bytes_max`) plus the frames not yet taken.
 """
 
 from __future__ import annotations
 
+import collections
 import struct
 
 from onceflow.protocol.errors import ProtocolError
 
-__all__ = ("FRAME_BYTES_MAX_DEFAULT", "FRAME_SIZE", "FrameReader", "encode_frame")
+__all__ = (
+    "DIRECT_FRAME_BYTES_MIN",
+    "FRAME_BYTES_MAX_DEFAULT",
+    "FRAME_SIZE",
+    "BufferPool",
+    "FrameReader",
+    "encode_frame",
+)
 
 # Kafka's socket.request.max.bytes default (100 MiB): a request larger than this is
 # refused by a real broker too.
@@ -31,68 +59,233 @@ FRAME_BYTES_MAX_DEFAULT = 100 * 1024 * 1024
 # The size prefix: int32, big-endian, counting the bytes after itself.
 FRAME_SIZE = struct.Struct(">i")
 
-# Below this many consumed bytes compaction is not worth a memmove.
-_COMPACT_BYTES_MIN = 64 * 1024
+# Reads land here while no large frame is under way: room for many small requests
+# per read, and small enough that cutting frames out of it stays cache-friendly.
+HEAD_BYTES = 128 * 1024
+# From this size an incomplete frame is read into its own buffer (no copy after the
+# read); below it, copying the frame out of the head costs less than a pooled buffer.
+# Must leave room for a size prefix in the head, so that every smaller frame fits.
+DIRECT_FRAME_BYTES_MIN = 16 * 1024
+# After a large frame, the next read into an empty head takes at most this much: a
+# peer that sent one large frame usually sends another, and all but this prefix of
+# it then lands in its own buffer instead of being copied out of the head.
+HEAD_PEEK_BYTES = 4 * 1024
+# Idle pooled buffers kept for reuse, all sizes together; more are freed.
+POOL_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+
+assert DIRECT_FRAME_BYTES_MIN + FRAME_SIZE.size <= HEAD_BYTES
+
+
+class BufferPool:
+    """Reusable bytearrays for large frames, in power-of-two size classes."""
+
+    __slots__ = ("_free", "_idle_bytes", "_pool_bytes_max")
+
+    def __init__(self, pool_bytes_max: int = POOL_BYTES_MAX_DEFAULT) -> None:
+        if pool_bytes_max < 0:
+            raise ValueError(f"pool_bytes_max must not be negative, got {pool_bytes_max}")
+        self._pool_bytes_max = pool_bytes_max
+        self._free: dict[int, list[bytearray]] = {}
+        self._idle_bytes = 0
+
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes held in buffers waiting for reuse."""
+        return self._idle_bytes
+
+    def take(self, size: int) -> bytearray:
+        """A buffer of at least `size` bytes (its contents are garbage)."""
+        capacity = 1 << (size - 1).bit_length()
+        free = self._free.get(capacity)
+        if free:
+            self._idle_bytes -= capacity
+            return free.pop()
+        return bytearray(capacity)
+
+    def give(self, frame: bytes | memoryview) -> None:
+        """Take a large frame's buffer back once its request is done (bytes: ignored).
+
+        Releases `frame` itself. The buffer is reused only when nothing else views it:
+        growing a bytearray raises BufferError while any memoryview of it is alive
+        (slices of `frame` included), which is exactly the check wanted; anything
+        else still holding a view just keeps the buffer to itself, and the garbage
+        collector frees it later.
+        """
+        if not isinstance(frame, memoryview):
+            return
+        buffer = frame.obj
+        try:
+            frame.release()
+        except BufferError:  # someone is reading through `frame` itself right now
+            return
+        capacity = len(buffer) if isinstance(buffer, bytearray) else 0
+        if capacity == 0 or capacity & (capacity - 1):
+            return  # not one of ours
+        if self._idle_bytes + capacity > self._pool_bytes_max:
+            return
+        try:
+            buffer.append(0)  # raises BufferError while a view is alive
+        except BufferError:
+            return
+        del buffer[-1]
+        self._free.setdefault(capacity, []).append(buffer)
+        self._idle_bytes += capacity
 
 
 class FrameReader:
     """Split a byte stream into frames; refuse bad sizes before buffering bodies."""
 
-    __slots__ = ("_buffer", "_frame_bytes_max", "_start")
+    __slots__ = (
+        "_end",
+        "_error",
+        "_frame_bytes_max",
+        "_frames",
+        "_head",
+        "_head_view",
+        "_large",
+        "_large_filled",
+        "_large_size",
+        "_peek",
+        "_pool",
+        "_start",
+    )
 
-    def __init__(self, frame_bytes_max: int) -> None:
+    def __init__(self, frame_bytes_max: int, pool: BufferPool | None = None) -> None:
         if frame_bytes_max <= 0:
             raise ValueError(f"frame_bytes_max must be positive, got {frame_bytes_max}")
         self._frame_bytes_max = frame_bytes_max
-        self._buffer = bytearray()
-        self._start = 0  # offset of the first unconsumed byte in _buffer
+        self._pool = pool if pool is not None else BufferPool(0)
+        self._head = bytearray(HEAD_BYTES)
+        # Frames are cut out through this view (one copy; slicing the bytearray would
+        # copy twice). The head is never resized, so the view may live as long as it.
+        self._head_view = memoryview(self._head)
+        self._start = self._end = 0  # unparsed bytes of the head: [_start, _end)
+        # The large frame under way, if any: a view of exactly its bytes in a pooled buffer.
+        self._large: memoryview | None = None
+        self._large_size = self._large_filled = 0
+        self._peek = False  # the last frame was large: read only HEAD_PEEK_BYTES next
+        self._frames: collections.deque[bytes | memoryview] = collections.deque()
+        self._error: ProtocolError | None = None  # a bad size behind queued frames
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes received and not yet returned as frames."""
-        return len(self._buffer) - self._start
+        """Bytes received and not yet returned as frames (size prefixes included)."""
+        queued = sum(FRAME_SIZE.size + len(frame) for frame in self._frames)
+        large = FRAME_SIZE.size + self._large_filled if self._large is not None else 0
+        return queued + large + self._end - self._start
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory this reader holds: the head, a large frame under way, queued frames."""
+        large = len(self._large.obj) if self._large is not None else 0
+        return len(self._head) + large + sum(len(frame) for frame in self._frames)
+
+    # -- zero-copy input ------------------------------------------------------------
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes from the peer go: never empty, never past a large frame."""
+        if self._large is not None:
+            return self._large[self._large_filled :]
+        if self._error is not None:
+            self._start = self._end = 0  # nothing after a bad size is ever parsed
+        elif self._end == len(self._head):
+            self._compact()
+        if self._peek and self._end == 0:
+            return self._head_view[:HEAD_PEEK_BYTES]
+        return self._head_view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` were written at the start of the last `get_buffer()`; raise
+        ProtocolError at once for a bad size with no complete frame before it."""
+        if self._large is not None:
+            # The hot path of a large request: several reads each, nothing to parse.
+            self._large_filled += nbytes
+            if self._large_filled == self._large_size:  # the head is empty meanwhile
+                self._frames.append(self._large)
+                self._large, self._peek = None, True
+            return
+        self._end += nbytes
+        self._peek = False
+        self._parse_head()
+
+    # -- copying input ------------------------------------------------------------
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes from the peer; raise ProtocolError at once for a bad size."""
-        self._compact()
-        self._buffer += data
-        self._head_frame_size()
+        with memoryview(data) as view:
+            view = view.cast("B")
+            while view:
+                target = self.get_buffer()
+                count = min(len(target), len(view))
+                target[:count] = view[:count]
+                self.buffer_updated(count)
+                view = view[count:]
+        self._raise_if_no_frames()
 
-    def next_frame(self) -> bytes | None:
-        """Return the next complete frame's payload, or None if it is not all here."""
-        size = self._head_frame_size()
-        if size is None:
-            return None
-        body_start = self._start + FRAME_SIZE.size
-        body_end = body_start + size
-        if body_end > len(self._buffer):
-            return None
-        with memoryview(self._buffer) as view:
-            frame = bytes(view[body_start:body_end])
-        self._start = body_end
-        return frame
+    # -- output ---------------------------------------------------------------------
 
-    def _head_frame_size(self) -> int | None:
-        """The validated size of the frame at the head, None while its prefix is partial."""
-        if len(self._buffer) - self._start < FRAME_SIZE.size:
-            return None
-        (size,) = FRAME_SIZE.unpack_from(self._buffer, self._start)
+    def next_frame(self) -> bytes | memoryview | None:
+        """The next complete frame's payload (bytes, or a memoryview of a pooled buffer
+        for a large one: give it back with `BufferPool.give` when done), or None."""
+        if self._frames:
+            return self._frames.popleft()
+        self._raise_if_no_frames()
+        return None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _parse_head(self) -> None:
+        """Cut complete frames out of the head; start a large frame if one begins."""
+        head = self._head
+        while self._error is None and self._large is None:
+            available = self._end - self._start
+            if available < FRAME_SIZE.size:
+                break
+            size = self._checked_size(FRAME_SIZE.unpack_from(head, self._start)[0])
+            if size is None:
+                break
+            body_start = self._start + FRAME_SIZE.size
+            if size <= available - FRAME_SIZE.size:
+                self._frames.append(bytes(self._head_view[body_start : body_start + size]))
+                self._start = body_start + size
+            elif size >= DIRECT_FRAME_BYTES_MIN:
+                self._start_large(size, body_start)
+            else:
+                break  # a small frame still arriving: it fits the head once compacted
+        if self._start == self._end:
+            self._start = self._end = 0
+        self._raise_if_no_frames()
+
+    def _start_large(self, size: int, body_start: int) -> None:
+        large = memoryview(self._pool.take(size))[:size]
+        present = self._end - body_start
+        large[:present] = self._head_view[body_start : self._end]
+        self._large, self._large_size, self._large_filled = large, size, present
+        self._start = self._end = 0
+
+    def _checked_size(self, size: int) -> int | None:
         if size <= 0:
             # Negative is never valid; zero cannot hold even a request header.
-            raise ProtocolError(f"invalid frame size {size}")
-        if size > self._frame_bytes_max:
-            raise ProtocolError(f"frame size {size} exceeds the limit {self._frame_bytes_max}")
-        return size
+            self._error = ProtocolError(f"invalid frame size {size}")
+        elif size > self._frame_bytes_max:
+            self._error = ProtocolError(
+                f"frame size {size} exceeds the limit {self._frame_bytes_max}"
+            )
+        else:
+            return size
+        return None
+
+    def _raise_if_no_frames(self) -> None:
+        if self._error is not None and not self._frames:
+            raise self._error
 
     def _compact(self) -> None:
-        if self._start == 0:
-            return
-        if self._start == len(self._buffer):
-            self._buffer.clear()
-            self._start = 0
-        elif self._start >= _COMPACT_BYTES_MIN and 2 * self._start >= len(self._buffer):
-            del self._buffer[: self._start]
-            self._start = 0
+        """Move the partial frame at the head's end to its start. The copy goes through
+        a temporary (source and target may overlap) and keeps the head's size: the
+        socket layer may hold a view of it, which forbids resizing."""
+        count = self._end - self._start
+        self._head[:count] = self._head[self._start : self._end]
+        self._start, self._end = 0, count
 
 
 def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -10,6 +10,12 @@ that log. While a round's fsyncs run, new requests pile up for the next round, s
 one fsync covers every append that arrived during the previous fsync: the number of fsyncs
 per second is bounded by the disk's fsync latency, not by the request rate.
 
+The logs of one round are flushed in parallel, by up to `FLUSH_THREADS_MAX` threads, each
+log's futures resolved as soon as its own fsync returns: fsyncs of different files queue at
+the device together, so a round with many dirty partitions takes about one fsync latency
+instead of their sum (measured here: the one committer thread spent ~85% of a produce
+benchmark in fsyncs of 8 partitions one after the other, and the answers waited on it).
+
 A request made after an append is always served by a flush that starts after the request was
 queued, hence after the append: the future never resolves early.
 
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple, Protocol
 
 logger = logging.getLogger(__name__)
@@ -31,6 +37,9 @@ logger = logging.getLogger(__name__)
 # Most logs flushed in one round. Bounded so a round (and the latency of requests queued after
 # it) stays short even with thousands of partitions; the rest waits for the next round.
 ROUND_LOGS_MAX = 1024
+# Logs fsynced at once in a round. The device queues them; beyond a few, more threads only
+# cost memory (and a round rarely has more dirty logs than partitions being written).
+FLUSH_THREADS_MAX = 8
 
 
 class Flushable(Protocol):
@@ -55,7 +64,9 @@ class GroupCommitter:
         self._closing = False
         self._rounds = self._flushes = self._requests = self._failures = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._flushers: ThreadPoolExecutor | None = None
         if fsync_enabled:
+            self._flushers = ThreadPoolExecutor(FLUSH_THREADS_MAX, thread_name_prefix=name)
             self._thread.start()
 
     def request_flush(self, log: Flushable) -> Future:
@@ -90,6 +101,8 @@ class GroupCommitter:
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join()
+        if self._flushers is not None:
+            self._flushers.shutdown()
 
     def _next_round(self) -> list[tuple[Flushable, list[Future]]] | None:
         with self._cond:
@@ -102,22 +115,26 @@ class GroupCommitter:
 
     def _run(self) -> None:
         while (batch := self._next_round()) is not None:
-            flushes = failures = requests = 0
-            for log, futures in batch:
-                flushes += 1
-                requests += len(futures)
-                try:
-                    log.flush()
-                except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
-                    failures += 1
-                    logger.critical("group commit: flush of %r failed: %r", log, exc)
-                    for future in futures:
-                        future.set_exception(exc)
-                    continue
-                for future in futures:
-                    future.set_result(None)
+            if len(batch) == 1 or self._flushers is None:
+                failed = [self._flush(log, futures) for log, futures in batch]
+            else:
+                failed = list(self._flushers.map(lambda entry: self._flush(*entry), batch))
             with self._cond:
                 self._rounds += 1
-                self._flushes += flushes
-                self._requests += requests
-                self._failures += failures
+                self._flushes += len(batch)
+                self._requests += sum(len(futures) for _, futures in batch)
+                self._failures += sum(failed)
+
+    @staticmethod
+    def _flush(log: Flushable, futures: list[Future]) -> bool:
+        """Flush one log and resolve its futures; True if the flush failed."""
+        try:
+            log.flush()
+        except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+            logger.critical("group commit: flush of %r failed: %r", log, exc)
+            for future in futures:
+                future.set_exception(exc)
+            return True
+        for future in futures:
+            future.set_result(None)
+        return False

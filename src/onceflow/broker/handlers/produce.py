@@ -47,7 +47,12 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.errors import RecordError
-from onceflow.protocol.records import ATTR_TRANSACTIONAL, ATTRIBUTES_AT, BatchHeader, check_produce_records
+from onceflow.protocol.records import (
+    ATTR_TRANSACTIONAL,
+    ATTRIBUTES_AT,
+    BatchHeader,
+    check_produce_records,
+)
 from onceflow.storage.layout import LogFailedError
 from onceflow.storage.producer_state import Duplicate, Rejected
 from onceflow.txn import TopicPartition
@@ -164,7 +169,9 @@ async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
     logs = {id(o.partition): o.partition.log for o in outcomes
             if o.partition is not None and o.partition.log.recovery_point_offset < o.durable_end}
     futures = [asyncio.wrap_future(ctx.broker.committer.request_flush(log)) for log in logs.values()]
-    if futures:
+    if len(futures) == 1:  # the usual case: no gathering future needed
+        await futures[0]
+    elif futures:
         await asyncio.gather(*futures)
 
 
