@@ -39,7 +39,6 @@ import ctypes
 import dataclasses
 import os
 import platform
-import resource
 import shlex
 import signal
 import statistics
@@ -57,7 +56,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _mock_cluster import MockCluster  # noqa: E402  (a sibling file, not a package)
-from throughput import BenchError, free_port, wait_until_serving  # noqa: E402  (sibling)
+from throughput import (  # noqa: E402  (sibling)
+    BenchError,
+    free_port,
+    own_cpu_s,
+    process_cpu_s,
+    wait_until_serving,
+)
 
 RECORDS_DEFAULT = 200_000
 RUNS_DEFAULT = 3
@@ -99,22 +104,6 @@ class Run:
     @property
     def mb_per_s(self) -> float:
         return self.payload_bytes / self.seconds / BYTES_PER_MB
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process `pid` (Linux /proc), None if unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def produce(
