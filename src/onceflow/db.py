@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import datetime
 import decimal
+import hashlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -247,6 +248,15 @@ class Database:
             raise
         self.raw.execute("COMMIT")
 
+    def lock(self, name: str) -> None:
+        """Inside a transaction, hold the lock called `name` until it ends, so that writers
+        taking it (schema creators, for instance) go one at a time. PostgreSQL: an advisory
+        transaction lock. SQLite: nothing to do, `transaction()` already holds the write lock."""
+        if not self.in_transaction:
+            raise DatabaseError("lock() is held until the transaction ends: call it inside one")
+        if self.dialect is POSTGRESQL:
+            self.execute(f"SELECT pg_advisory_xact_lock({advisory_key(name)})")
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement; returns the cursor (rowcount, fetchall)."""
         cursor = self.raw.cursor()
@@ -303,6 +313,12 @@ class Database:
 
 
 # ---------------------------------------------------------------- Spark rows
+
+
+def advisory_key(name: str) -> int:
+    """A PostgreSQL advisory lock key: a stable signed 64-bit number from a name."""
+    digest = hashlib.sha256(f"onceflow:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def create_table_sql(dialect: Dialect, table: str, fields: Sequence[Any],

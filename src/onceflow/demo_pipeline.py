@@ -22,7 +22,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from onceflow import Broker
+from onceflow.processes import kill_tree
 from onceflow.spark import checkpoint
 
 DATA_DIR = Path("data/pizza")
@@ -200,10 +200,10 @@ class Driver:
             self.console.print(f"   [dim]spark |[/] {escape(line.rstrip())}", highlight=False)
 
     def kill(self) -> None:
-        """SIGKILL the group: the Python driver, its JVM and the JVM's Python workers."""
+        """SIGKILL the tree: the Python driver, its JVM and the JVM's Python workers."""
         assert self.process is not None
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            kill_tree(self.process.pid)
         self.process.wait()
         if self._echo is not None:
             self._echo.join(5)

@@ -165,6 +165,7 @@ def test_each_row_published_exactly_once_in_order_across_relay_kills(
             relay.kill()
             seen = committed_next(bootstrap, table)
     finally:
+        relay.kill()  # after a failure, too: no relay left running behind the test
         kills_done.set()
         writer.join()
         broker.faults.clear()

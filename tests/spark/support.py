@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from onceflow.processes import kill_tree
 from onceflow.spark import checkpoint as spark_checkpoint
 from tests.helpers import create_topic, unique, wait_for
 
 __all__ = ["DriverProcess", "batches_committed", "batches_started", "create_topic", "produce",
-           "read_committed", "unique", "wait_for", "wait_mid_batch"]
+           "read_committed", "unique", "wait_for"]
 
 READ_IDLE_S = 3.0
 
@@ -73,7 +74,7 @@ def read_committed(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
 class DriverProcess:
     """A Spark driver (a Python script or `onceflow pipeline run`) in a child process group.
 
-    `kill()` SIGKILLs the whole group: the Python driver, its JVM and its Python workers,
+    `kill()` SIGKILLs the whole process tree: the Python driver, its JVM and its Python workers,
     the way a machine failure would take them.
     """
 
@@ -82,6 +83,12 @@ class DriverProcess:
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.kill()  # a failed test leaves no Spark driver running behind it
 
     def start(self) -> DriverProcess:
         with open(self.log_path, "a") as log:
@@ -93,7 +100,7 @@ class DriverProcess:
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            kill_tree(self.process.pid)
             self.process.wait()
 
     def wait(self, timeout_s: float) -> int:
@@ -103,6 +110,14 @@ class DriverProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"driver did not finish in {timeout_s:.0f} s; log:\n{self.tail()}") from None
+
+    def wait_mid_batch(self, checkpoint: Path, after_batch: int, timeout_s: float = 120.0) -> int:
+        """Wait until a batch later than `after_batch` is planned and not yet committed in this
+        driver's `checkpoint`; return it. A timeout fails with the driver's log."""
+        try:
+            return spark_checkpoint.wait_mid_batch([checkpoint], after_batch, timeout_s)[1]
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; driver log:\n{self.tail()}") from None
 
     def tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -120,11 +135,6 @@ def batches_started(checkpoint: Path) -> set[int]:
 def batches_committed(checkpoint: Path) -> set[int]:
     """Micro-batch ids Spark has marked done in its commit log."""
     return spark_checkpoint.batches_committed(checkpoint)
-
-
-def wait_mid_batch(checkpoint: Path, after_batch: int, timeout_s: float = 120.0) -> int:
-    """Wait until a batch later than `after_batch` is planned and not yet committed; return it."""
-    return spark_checkpoint.wait_mid_batch([checkpoint], after_batch, timeout_s)[1]
 
 
 def json_values(records: list) -> list[dict]:

@@ -20,7 +20,6 @@ from tests.spark.support import (
     create_topic,
     produce,
     unique,
-    wait_mid_batch,
 )
 
 DRIVER = Path(__file__).parent / "drivers_db" / "kafka_to_db.py"
@@ -70,17 +69,17 @@ def test_kafka_to_sqlite_and_postgres_exactly_once_across_driver_kills(
     table = table_name("events")
     urls = [sqlite_url(tmp_path), postgres_url]
     checkpoints = tmp_path / "checkpoints"
-    driver = DriverProcess(DriverProcess.python(DRIVER, bootstrap, topic, table,
-                                                str(checkpoints), *urls), tmp_path / "driver.log")
-    for kill in range(KILLS):
-        checkpoint = checkpoints / str(kill % len(urls))  # alternate the interrupted query
+    command = DriverProcess.python(DRIVER, bootstrap, topic, table, str(checkpoints), *urls)
+    with DriverProcess(command, tmp_path / "driver.log") as driver:
+        for kill in range(KILLS):
+            checkpoint = checkpoints / str(kill % len(urls))  # alternate the interrupted query
+            driver.start()
+            # A batch planned after this start: the restarted driver has replayed the batch
+            # the last kill interrupted and moved on.
+            driver.wait_mid_batch(checkpoint, max(batches_started(checkpoint), default=-1))
+            driver.kill()
         driver.start()
-        # A batch planned after this start: the restarted driver has replayed the batch
-        # the last kill interrupted and moved on.
-        wait_mid_batch(checkpoint, after_batch=max(batches_started(checkpoint), default=-1))
-        driver.kill()
-    driver.start()
-    assert driver.wait(DRIVER_FINISH_S) == 0, driver.tail()
+        assert driver.wait(DRIVER_FINISH_S) == 0, driver.tail()
     for url in urls:
         assert ids_in(url, table) == list(range(records)), f"{db.redact(url)}: not exactly once"
     assert all(len(batches_committed(checkpoints / str(i))) > KILLS for i in range(len(urls)))

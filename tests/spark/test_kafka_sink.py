@@ -40,7 +40,6 @@ from tests.spark.support import (
     read_committed,
     unique,
     wait_for,
-    wait_mid_batch,
 )
 
 QUERY_TIMEOUT_S = 120
@@ -231,24 +230,24 @@ def test_driver_killed_three_times_mid_batch_output_exactly_once(bootstrap, tmp_
     output = create_topic(bootstrap, unique("sink-kill-out"), partitions=3)
     sent = _produce_ids(bootstrap, source, 20_000, partitions=4)
     checkpoint = tmp_path / "ck"
-    driver = DriverProcess(DriverProcess.python(DRIVER, bootstrap, source, output, str(checkpoint)),
-                           tmp_path / "driver.log")
-    kills: list[tuple[int, bool]] = []  # (batch in flight, replayed with committed tasks)
-    for round_index in range(3):
+    command = DriverProcess.python(DRIVER, bootstrap, source, output, str(checkpoint))
+    with DriverProcess(command, tmp_path / "driver.log") as driver:
+        kills: list[tuple[int, bool]] = []  # (batch in flight, replayed with committed tasks)
+        for round_index in range(3):
+            driver.start()
+            batch = driver.wait_mid_batch(checkpoint, kills[-1][0] if kills else -1, 180)
+            if round_index == 1:  # anywhere in the batch
+                time.sleep(random.uniform(0.0, 1.0))
+            else:  # just after the first of its tasks committed: Spark will replay the batch
+                query_id = _query_id(checkpoint)
+                wait_for(lambda b=batch, q=query_id: b in _batches_with_progress(bootstrap, q),
+                         f"a task of batch {batch} to commit", timeout_s=120, poll_s=0.02)
+            driver.kill()
+            replayed = (batch not in batches_committed(checkpoint)
+                        and batch in _batches_with_progress(bootstrap, _query_id(checkpoint)))
+            kills.append((batch, replayed))
         driver.start()
-        batch = wait_mid_batch(checkpoint, kills[-1][0] if kills else -1, timeout_s=180)
-        if round_index == 1:  # anywhere in the batch
-            time.sleep(random.uniform(0.0, 1.0))
-        else:  # just after the first of its tasks committed: Spark will replay the batch
-            query_id = _query_id(checkpoint)
-            wait_for(lambda b=batch, q=query_id: b in _batches_with_progress(bootstrap, q),
-                     f"a task of batch {batch} to commit", timeout_s=120, poll_s=0.02)
-        driver.kill()
-        replayed = (batch not in batches_committed(checkpoint)
-                    and batch in _batches_with_progress(bootstrap, _query_id(checkpoint)))
-        kills.append((batch, replayed))
-    driver.start()
-    assert driver.wait(timeout_s=240) == 0, driver.tail()
+        assert driver.wait(timeout_s=240) == 0, driver.tail()
     ids = _output_ids(read_committed(bootstrap, output))
     assert set(ids) == set(sent), f"missing {len(set(sent) - set(ids))}; log:\n{driver.tail()}"
     duplicated = {i: n for i, n in ids.items() if n > 1}

@@ -35,7 +35,6 @@ SQLite needs no trigger: it has one writer at a time (`BEGIN IMMEDIATE` in
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import uuid
 from collections.abc import Iterable, Mapping
@@ -71,10 +70,9 @@ def _names(table: str) -> dict[str, str]:
             "trigger": db.quote_identifier(f"{table}_assign_seq")}
 
 
-def lock_key(table: str) -> int:
-    """The advisory lock of an outbox: a stable signed 64-bit number from its name."""
-    digest = hashlib.sha256(f"onceflow-outbox:{table}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+def lock_name(table: str) -> str:
+    """The name of an outbox's lock (`Database.lock`, and the trigger's advisory lock)."""
+    return f"outbox:{table}"
 
 
 def create_outbox(database: db.Database, table: str = DEFAULT_TABLE) -> str:
@@ -83,7 +81,7 @@ def create_outbox(database: db.Database, table: str = DEFAULT_TABLE) -> str:
     with database.transaction():
         if database.dialect is db.POSTGRESQL:
             # Serializes concurrent creators: CREATE OR REPLACE FUNCTION races otherwise.
-            database.execute(f"SELECT pg_advisory_xact_lock({lock_key(table)})")
+            database.lock(lock_name(table))
             for statement in _postgres_ddl(table, n):
                 database.execute(statement)
         else:
@@ -107,7 +105,7 @@ def _postgres_ddl(table: str, n: dict[str, str]) -> list[str]:
          f"key BYTEA, value BYTEA, headers TEXT, created_at TIMESTAMPTZ NOT NULL DEFAULT now())"),
         # The lock first, the number second: see the module docstring.
         (f"CREATE OR REPLACE FUNCTION {n['function']}() RETURNS trigger LANGUAGE plpgsql AS $$ "
-         f"BEGIN PERFORM pg_advisory_xact_lock({lock_key(table)}); "
+         f"BEGIN PERFORM pg_advisory_xact_lock({db.advisory_key(lock_name(table))}); "
          f"NEW.seq := nextval({sequence_literal}); RETURN NEW; END $$"),
         f"DROP TRIGGER IF EXISTS {n['trigger']} ON {n['table']}",
         (f"CREATE TRIGGER {n['trigger']} BEFORE INSERT ON {n['table']} "

@@ -123,7 +123,10 @@ class DatabaseCommitMessage(WriterCommitMessage):
 
 def prepare_tables(options: SinkOptions, schema: StructType, streaming: bool) -> None:
     """Create the target and marker tables if asked to; check the target's columns."""
-    with db.connect(options.url) as database:
+    with db.connect(options.url) as database, database.transaction():
+        # Serializes drivers preparing the same table at once: PostgreSQL's CREATE TABLE IF
+        # NOT EXISTS is not safe against a concurrent create of the same name.
+        database.lock(f"table:{options.table}")
         if options.create_table:
             database.execute(db.create_table_sql(database.dialect, options.table,
                                                  schema.fields, options.key_columns))
