@@ -61,16 +61,22 @@ def copy_until_committed(copier: Copier, topic: str) -> None:
     """Drive the copier until its group has committed every input offset."""
     ends = {p: copier.consumer.get_watermark_offsets(TopicPartition(topic, p), TIMEOUT_S)[1]
             for p in range(PARTITIONS)}
-    deadline = time.monotonic() + COPY_TIMEOUT_S
+    deadline, copied, offsets = time.monotonic() + COPY_TIMEOUT_S, Counter(), {}
     while time.monotonic() < deadline:
         records = copier.poll_batch()
         if records:
             copier.copy(records)
+            copied.update(r.partition() for r in records)
         committed = copier.consumer.committed(
             [TopicPartition(topic, p) for p in range(PARTITIONS)], TIMEOUT_S)
-        if {tp.partition: tp.offset for tp in committed} == ends:
+        offsets = {tp.partition: (tp.offset, str(tp.error) if tp.error else None)
+                   for tp in committed}
+        if {p: offset for p, (offset, _) in offsets.items()} == ends:
             return
-    pytest.fail("the copier did not commit every input offset in time")
+    positions = copier.consumer.position([TopicPartition(topic, p) for p in range(PARTITIONS)])
+    pytest.fail(f"the copier did not commit every input offset in time: committed {offsets}, "
+                f"ends {ends}, positions {[tp.offset for tp in positions]}, records copied "
+                f"per partition (aborted ones too) {dict(copied)}")
 
 
 def read_committed_values(bootstrap: str, topic: str) -> Counter:

@@ -30,6 +30,7 @@ The loop, and what each error means:
 from __future__ import annotations
 
 import argparse
+import sys
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
@@ -86,8 +87,15 @@ class Copier:
         records of the old and the new assignment, so it is not copied but read again:
         we rewind to where it started."""
         before = self.rebalances
-        records = [r for r in self.consumer.consume(BATCH_RECORDS_MAX, POLL_TIMEOUT_S)
-                   if r.error() is None]
+        records = []
+        for record in self.consumer.consume(BATCH_RECORDS_MAX, POLL_TIMEOUT_S):
+            error = record.error()
+            if error is None:
+                records.append(record)
+            elif error.fatal():
+                raise KafkaException(error)
+            else:  # informational (the client retries): say so, never drop it silently
+                print(f"copier: consumer: {error}", file=sys.stderr, flush=True)
         if self.rebalances != before:
             self.rewind(records)
             return []
