@@ -17,6 +17,14 @@ already committed. `metadata` holds the query id, stable across restarts.
 
 Spark writes each file to a temporary name and renames it, so a file we can see is complete;
 it also deletes old ones (100 batches are kept by default), so the listings stay bounded.
+A driver killed while Spark writes one of these files leaves the temporary file behind
+(`.N.<uuid>.tmp` and its checksum `..N.<uuid>.tmp.crc`). Spark ignores such leftovers
+except in one place: a query that has no batch yet refuses a checkpoint whose `offsets`
+directory is not empty (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so a kill during the
+very first offsets write would leave the query unable to start again.
+`remove_partial_writes` deletes the leftovers; the pipeline runner calls it before it
+starts a query, and a hand-written driver should do the same.
+
 Only local directories are read here (a `file:` URI or a path); a cluster's checkpoint on
 HDFS or S3 needs Hadoop's tools.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -38,6 +47,12 @@ NO_OFFSET = "-"
 # Bytes read from one offsets file at most: a few topics' partitions and the session
 # settings Spark copies into every file fit easily; anything bigger is not a checkpoint file.
 OFFSETS_FILE_BYTES_MAX = 4 * 1024 * 1024
+
+
+# What Hadoop's rename-based atomic write leaves when it dies before the rename: a hidden
+# temporary file named after the target and a random UUID, and its hidden checksum file.
+PARTIAL_WRITE = re.compile(r"^\.{1,2}.+\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                           r"[0-9a-f]{12}\.tmp(\.crc)?$")
 
 
 class CheckpointError(Exception):
@@ -76,6 +91,21 @@ def local_path(checkpoint: str | Path) -> Path:
     if "://" in text:
         raise CheckpointError(f"{text}: only local checkpoints can be read here")
     return Path(text)
+
+
+def remove_partial_writes(checkpoint: str | Path) -> list[Path]:
+    """Delete the temporary files a killed driver left in a query checkpoint (see the module
+    docstring); returns them. Call it only while no query runs on this checkpoint: a live
+    query's write in progress would fail. A missing directory has nothing to remove."""
+    root = local_path(checkpoint)
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in sorted(root.rglob(".*.tmp*")):
+        if path.is_file() and PARTIAL_WRITE.match(path.name):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def batches_planned(checkpoint: str | Path) -> set[int]:

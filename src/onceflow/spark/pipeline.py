@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from onceflow.spark import DATABASE_FORMAT, KAFKA_FORMAT
+from onceflow.spark import checkpoint as spark_checkpoint
 from onceflow.spark.monitor import Display, LogDisplay, ProgressTracker, QueryStats
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
 Transform = Callable[["DataFrame"], "DataFrame"]
+
+log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENVS = ("ONCEFLOW_BOOTSTRAP_SERVERS", "ONCEFLOW_BOOTSTRAP")
 # How often the runner looks at its queries: often enough that every batch of a
@@ -452,6 +456,7 @@ class Pipeline:
 
     def _start_query(self, sink: Sink, frame: DataFrame, until: Until,
                      bootstrap: str | None) -> StreamingQuery:
+        self._remove_partial_writes(sink)
         writer = (frame.writeStream.format(sink.spark_format()).outputMode(sink.output_mode)
                   .queryName(sink.name).options(**sink.writer_options(bootstrap))
                   .option("checkpointLocation", self.query_checkpoint(sink)))
@@ -460,6 +465,15 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=f"{round(self.trigger_seconds * 1000)} milliseconds")
         return writer.start()
+
+    def _remove_partial_writes(self, sink: Sink) -> None:
+        location = self.query_checkpoint(sink)
+        try:
+            removed = spark_checkpoint.remove_partial_writes(location)
+        except spark_checkpoint.CheckpointError:
+            return  # not a local directory: Spark's own file system, left to Spark
+        for path in removed:
+            log.info("pipeline %s: removed %s, left by a driver killed mid-write", self.name, path)
 
     def run(self, spark: SparkSession, until: Until | str | float | None = None,
             display: Display | None = None, bootstrap_servers: str | None = None) -> RunResult:

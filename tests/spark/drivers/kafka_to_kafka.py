@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from onceflow.spark import checkpoint as spark_checkpoint
 from onceflow.spark import session
 
 MAX_OFFSETS_PER_TRIGGER = "1500"
@@ -24,6 +25,7 @@ TRANSACTION_TIMEOUT_MS = "20000"
 
 def main(bootstrap: str, input_topic: str, output_topic: str, checkpoint: str) -> int:
     spark = session("local[2]", app_name="kafka-to-kafka")
+    spark_checkpoint.remove_partial_writes(checkpoint)  # a kill may have landed mid-write
     records = (spark.readStream.format("onceflow-kafka")
                .option("kafka.bootstrap.servers", bootstrap).option("subscribe", input_topic)
                .option("startingOffsets", "earliest").option("includeHeaders", "true")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from onceflow.spark import session
+from onceflow.spark import checkpoint, session
 
 MAX_OFFSETS_PER_TRIGGER = "120"
 
@@ -25,6 +25,8 @@ def main(bootstrap: str, topic: str, table: str, checkpoint_root: str, *urls: st
                .option("startingOffsets", "earliest")
                .option("maxOffsetsPerTrigger", MAX_OFFSETS_PER_TRIGGER).load()
                .selectExpr("CAST(value AS STRING) AS id", "partition AS part", "offset AS off"))
+    for index in range(len(urls)):  # a kill may have landed in Spark's write of offsets/0
+        checkpoint.remove_partial_writes(f"{checkpoint_root}/{index}")
     queries = [records.writeStream.format("onceflow-db").option("url", url)
                .option("table", table).queryName(f"to_db_{index}")
                .option("checkpointLocation", f"{checkpoint_root}/{index}").start()
