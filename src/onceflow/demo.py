@@ -31,7 +31,7 @@ def main() -> None:
     if code != 0:
         raise SystemExit(code)
     print()
-    raise SystemExit(demo_pipeline.run())
+    raise SystemExit(demo_pipeline.run_supervised())
 
 
 if __name__ == "__main__":

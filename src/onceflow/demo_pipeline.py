@@ -22,12 +22,14 @@ import json
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -174,7 +176,13 @@ def _rows(db: sqlite3.Connection, sql: str) -> list[tuple]:
 
 
 class Driver:
-    """`onceflow pipeline run` in its own process group; its progress lines are echoed."""
+    """`onceflow pipeline run` in its own process group; its progress lines are echoed.
+
+    It is in a session of its own so that the demo's kills reach exactly it. Ctrl-C then
+    does not reach it, so `main` kills the drivers still running (`Driver.running`)
+    when the demo ends for any reason."""
+
+    running: ClassVar[set[Driver]] = set()
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path, console: Console) -> None:
         self.command = [sys.executable, "-m", "onceflow", "pipeline", "run", *args]
@@ -192,6 +200,7 @@ class Driver:
                                             env=self.env, text=True, start_new_session=True)
         self._echo = threading.Thread(target=self._echo_lines, daemon=True)
         self._echo.start()
+        Driver.running.add(self)
         return self
 
     def _echo_lines(self) -> None:
@@ -205,6 +214,7 @@ class Driver:
         if self.process.poll() is None:
             kill_tree(self.process.pid)
         self.process.wait()
+        Driver.running.discard(self)
         if self._echo is not None:
             self._echo.join(5)
 
@@ -216,6 +226,7 @@ class Driver:
             self.kill()
             raise RuntimeError(f"the driver did not finish in {timeout_s:.0f} s "
                                f"(log: {self.log_path})") from None
+        Driver.running.discard(self)
         if self._echo is not None:
             self._echo.join(5)
         return code
@@ -388,7 +399,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kills", type=int, default=KILLS)
     parser.add_argument("--records-per-trigger", type=int, default=RECORDS_PER_TRIGGER)
     args = parser.parse_args(argv)
-    raise SystemExit(run(args.data_dir, args.orders, args.kills, args.records_per_trigger))
+    raise SystemExit(run_supervised(args.data_dir, args.orders, args.kills, args.records_per_trigger))
+
+
+def run_supervised(*args: Any, **kwargs: Any) -> int:
+    """`run`, leaving no Spark driver behind when it ends by Ctrl-C, SIGTERM or an error."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return run(*args, **kwargs)
+    finally:
+        for driver in list(Driver.running):
+            driver.kill()
 
 
 if __name__ == "__main__":

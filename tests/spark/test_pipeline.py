@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onceflow.cli.app import _register, app
+from onceflow.processes import descendants, kill_tree
 from onceflow.spark import checkpoint
 from onceflow.spark.monitor import LogDisplay, ProgressTracker, offsets_behind
 from onceflow.spark.pipeline import (
@@ -37,6 +38,7 @@ from onceflow.spark.pipeline import (
     load_pipeline,
 )
 from tests.spark.support import create_topic, produce, read_committed, unique, wait_for
+from tests.test_processes import alive
 
 CLI_DRIVER_TIMEOUT_S = 240
 _register()
@@ -373,3 +375,27 @@ def test_pizza_demo_end_to_end(tmp_path: Path) -> None:
         total = database.execute("SELECT orders, income_cents FROM pizza_totals").fetchall()
     assert sorted(rows) == sorted(expected.items())
     assert total == [(len(expected), sum(expected.values()))]
+
+
+def test_pizza_demo_stopped_leaves_no_driver_behind(tmp_path: Path) -> None:
+    """The demo's Spark driver runs in a session of its own (so the demo's SIGKILLs reach
+    only it); a SIGTERM to the demo must still take the driver, its JVM and workers along."""
+    data_dir = tmp_path / "pizza"
+    demo = subprocess.Popen([sys.executable, "-m", "onceflow.demo_pipeline", "--data-dir",
+                             str(data_dir), "--orders", "600"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        # Running: the driver has started its JVM and planned a batch.
+        wait_for(lambda: any(checkpoint.batches_planned(c) for c in
+                             (checkpoint.query_checkpoints(data_dir / "checkpoints")
+                              if (data_dir / "checkpoints").is_dir() else [])),
+                 "the demo's driver to plan a batch", timeout_s=180, poll_s=0.2)
+        tree = descendants(demo.pid)
+        assert len(tree) >= 2, "no driver process under the demo"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(60) == 128 + signal.SIGTERM
+        wait_for(lambda: not any(alive(pid) for pid in tree),
+                 "the driver's processes to be gone", timeout_s=30, poll_s=0.2)
+    finally:
+        kill_tree(demo.pid)
+        demo.wait(10)
