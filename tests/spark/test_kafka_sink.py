@@ -24,14 +24,12 @@ from onceflow.broker.embedded import Broker
 from onceflow.spark import progress
 from onceflow.spark.kafka_sink import (
     SinkError,
-    SinkOptionError,
     TransactionalWriter,
     close_cached_clients,
-    parse_options,
     progress_log,
-    row_layout,
     write_exactly_once,
 )
+from onceflow.spark.kafka_sink_options import SinkOptionError, parse_options, row_layout
 from onceflow.spark.progress import ProgressRecord
 from tests.spark.support import (
     DriverProcess,
