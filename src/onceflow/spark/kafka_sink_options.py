@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pyspark.sql.types import StructType
 
 from onceflow.spark import progress
+from onceflow.spark.options import boolean_option, integer_option
 
 __all__ = ["RowLayout", "SinkOptionError", "SinkOptions", "parse_options", "row_layout"]
 
@@ -97,7 +98,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     bootstrap = given.pop("kafka.bootstrap.servers", "").strip()
     if not bootstrap:
         raise SinkOptionError("option kafka.bootstrap.servers is required")
-    exactly_once = _boolean(given, "exactlyonce", "exactlyOnce", True)
+    exactly_once = boolean_option(given, "exactlyonce", "exactlyOnce", True, SinkOptionError)
     kafka = {k[len("kafka."):]: v for k, v in given.items() if k.startswith("kafka.")}
     kafka.pop("transaction.timeout.ms", None)  # ours: see transaction_timeout_ms
     _check_kafka_settings(kafka, exactly_once)
@@ -121,6 +122,12 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         kafka=kafka)
 
 
+def _int(given: Mapping[str, str], key: str, name: str, default: int, minimum: int) -> int:
+    value = integer_option(given, key, name, default, minimum, SinkOptionError)
+    assert value is not None  # a default was given
+    return value
+
+
 def _check_kafka_settings(kafka: dict[str, str], exactly_once: bool) -> None:
     for key, reason in REFUSED_KAFKA_SETTINGS.items():
         if key in kafka:
@@ -134,28 +141,6 @@ def _check_kafka_settings(kafka: dict[str, str], exactly_once: bool) -> None:
     if acks not in ("all", "-1"):
         raise SinkOptionError(f"option kafka.acks={acks} is not allowed with exactlyOnce=true: "
                               "a transaction's rows must be on every in-sync replica (acks=all)")
-
-
-def _boolean(given: Mapping[str, str], key: str, name: str, default: bool) -> bool:
-    text = given.get(key)
-    if text is None:
-        return default
-    if text.strip().lower() not in ("true", "false"):
-        raise SinkOptionError(f"option {name} must be true or false, got {text!r}")
-    return text.strip().lower() == "true"
-
-
-def _int(given: Mapping[str, str], key: str, name: str, default: int, minimum: int) -> int:
-    text = given.get(key)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise SinkOptionError(f"option {name} must be an integer >= {minimum}, got {text!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)

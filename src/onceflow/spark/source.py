@@ -61,6 +61,7 @@ from onceflow.spark.offsets import (
     resolve,
     to_offsets,
 )
+from onceflow.spark.options import boolean_option, integer_option
 
 __all__ = ["DataLossError", "KafkaBatchReader", "KafkaRange", "KafkaStreamReader",
            "SourceOptionError", "kafka_schema"]
@@ -156,34 +157,18 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     return SourceOptions(
         topics=topics, starting=given.get("startingoffsets"), ending=given.get("endingoffsets"),
         max_offsets_per_trigger=_positive_int(given, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
-        include_headers=_boolean(given, "includeheaders", "includeHeaders", False),
+        include_headers=boolean_option(given, "includeheaders", "includeHeaders", False,
+                                       SourceOptionError),
         read_committed=isolation == "read_committed",
-        fail_on_data_loss=_boolean(given, "failondataloss", "failOnDataLoss", True),
-        poll_timeout_ms=_positive_int(given, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs")
-        or POLL_TIMEOUT_MS_DEFAULT,
+        fail_on_data_loss=boolean_option(given, "failondataloss", "failOnDataLoss", True,
+                                         SourceOptionError),
+        poll_timeout_ms=_positive_int(given, "kafkaconsumer.polltimeoutms",
+                                      "kafkaConsumer.pollTimeoutMs") or POLL_TIMEOUT_MS_DEFAULT,
         kafka=kafka)
 
 
-def _boolean(given: dict[str, str], key: str, name: str, default: bool) -> bool:
-    text = given.get(key)
-    if text is None:
-        return default
-    if text.strip().lower() not in ("true", "false"):
-        raise SourceOptionError(f"option {name} must be true or false, got {text!r}")
-    return text.strip().lower() == "true"
-
-
-def _positive_int(given: dict[str, str], key: str, name: str) -> int | None:
-    text = given.get(key)
-    if text is None:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise SourceOptionError(f"option {name} must be a positive integer, got {text!r}")
-    return value
+def _positive_int(given: Mapping[str, str], key: str, name: str) -> int | None:
+    return integer_option(given, key, name, None, 1, SourceOptionError, "a positive integer")
 
 
 def kafka_schema(options: Mapping[str, str]) -> StructType:
