@@ -96,8 +96,11 @@ def _output_ids(records: list) -> Counter:
 
 
 def _progress_of(bootstrap: str, topic: str, query_id: str) -> list[ProgressRecord]:
-    return [ProgressRecord.decode(r.value()) for r in read_committed(bootstrap, topic)
-            if r.key().decode().startswith(f"{query_id}/")]
+    """The query's committed progress records, by (batch, partition): records of different
+    progress-topic partitions arrive in no fixed order."""
+    records = [ProgressRecord.decode(r.value()) for r in read_committed(bootstrap, topic)
+               if r.key().decode().startswith(f"{query_id}/")]
+    return sorted(records, key=lambda p: (p.batch, p.partition, p.time_ms))
 
 
 def _values_batch(values: list[str]) -> pa.RecordBatch:

@@ -159,7 +159,10 @@ class _Connection(asyncio.BufferedProtocol):
             # The handler is done with the request: its frame may serve another one
             # (the pool checks that no view of it is left).
             self._server.frame_pool.give(self._pending.popleft()[1])
-            if payload is not None and self._transport is not None:
+            # The client may have gone while the handler ran (its answer was already done,
+            # so connection_lost could not cancel it): a closed uvloop transport raises on
+            # write, and nobody is left to read the answer anyway.
+            if payload is not None and self._transport is not None and not self._closed:
                 if isinstance(payload, list):   # scatter-gather: records are not copied
                     self._transport.writelines(payload)
                 else:
