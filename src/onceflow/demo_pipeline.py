@@ -179,8 +179,8 @@ class Driver:
     """`onceflow pipeline run` in its own process group; its progress lines are echoed.
 
     It is in a session of its own so that the demo's kills reach exactly it. Ctrl-C then
-    does not reach it, so `main` kills the drivers still running (`Driver.running`)
-    when the demo ends for any reason."""
+    does not reach it, so `run_supervised` kills the drivers still running
+    (`Driver.running`) when the demo ends for any reason."""
 
     running: ClassVar[set[Driver]] = set()
 

@@ -79,9 +79,9 @@ def create_outbox(database: db.Database, table: str = DEFAULT_TABLE) -> str:
     """Create the outbox (idempotent, safe to run concurrently); returns its outbox id."""
     n = _names(table)
     with database.transaction():
+        # Serializes concurrent creators: CREATE OR REPLACE FUNCTION races otherwise.
+        database.lock(lock_name(table))
         if database.dialect is db.POSTGRESQL:
-            # Serializes concurrent creators: CREATE OR REPLACE FUNCTION races otherwise.
-            database.lock(lock_name(table))
             for statement in _postgres_ddl(table, n):
                 database.execute(statement)
         else:
