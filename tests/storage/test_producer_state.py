@@ -415,6 +415,54 @@ def test_bumped_marker_epoch_clears_the_batch_cache() -> None:
     assert isinstance(log.append(data(epoch=3, seq=0, txn=True)), Appended)
 
 
+def test_retry_within_the_open_transaction_is_a_duplicate() -> None:
+    log = FakeLog()
+    log.append(data(seq=0, txn=True))
+    log.marker(PID, 0, aborted=False)
+    first = log.append(data(seq=1, count=2, txn=True))  # the next transaction, still open
+    assert log.append(data(seq=1, count=2, txn=True)) == Duplicate(
+        first.first_offset, first.last_offset, 1_000)
+
+
+@pytest.mark.parametrize("aborted", [True, False])
+def test_sequence_of_an_ended_transaction_is_never_a_duplicate(aborted: bool) -> None:
+    # Issue 11: librdkafka purges an in-flight batch on abort and sends the next
+    # transaction's first batch with the same epoch and sequence. Taking it for a retry would
+    # acknowledge a record that is never written.
+    log = FakeLog()
+    log.append(data(seq=0, txn=True))  # c0, committed
+    log.marker(PID, 0, aborted=False)
+    a1 = log.append(data(seq=1, txn=True))  # performed, its answer lost
+    log.marker(PID, 0, aborted=aborted)
+    end = log.log_end_offset
+    b1 = log.append(data(seq=1, txn=True))
+    assert rejected(b1, ErrorCode.unknown_producer_id), b1
+    assert f"offset {a1.first_offset}" in b1.message
+    assert log.log_end_offset == end and log.manager.first_undecided_offset() is None
+    # after the client's epoch bump the next transaction starts at sequence 0 and commits
+    assert isinstance(log.append(data(epoch=1, seq=0, txn=True)), Appended)
+
+
+def test_idempotent_retry_after_a_transaction_is_still_a_duplicate() -> None:
+    # only transactional batches are confined to the open transaction
+    log = FakeLog()
+    first = log.append(data(seq=0))
+    assert log.append(data(seq=0)) == Duplicate(first.first_offset, first.last_offset, 1_000)
+
+
+def test_ended_transaction_is_recognised_after_a_restart(tmp_path: Path) -> None:
+    log = FakeLog()
+    log.append(data(seq=0, txn=True))
+    log.marker(PID, 0, aborted=True)
+    log.manager.write_snapshot(tmp_path, log.log_end_offset)
+    restarted = FakeLog(log_end_offset=log.log_end_offset)
+    restarted.manager.load_latest_snapshot(tmp_path, log_start_offset=0,
+                                           log_end_offset=log.log_end_offset, now_ms=2_000)
+    assert rejected(restarted.append(data(seq=0, txn=True)), ErrorCode.unknown_producer_id)
+    assert rejected(log.replayed().prepare([data(seq=0, txn=True)]),
+                    ErrorCode.unknown_producer_id)
+
+
 # --- describe and expiry ----------------------------------------------------------------------
 
 
@@ -601,6 +649,9 @@ class ModelProducer:
     txn_first_offset: int | None = None
     coordinator_epoch: int = -1
 
+    def in_open_txn(self, first_offset: int) -> bool:
+        return self.txn_first_offset is not None and first_offset >= self.txn_first_offset
+
     def copy(self) -> ModelProducer:
         return ModelProducer(self.epoch, list(self.appended), self.txn_first_offset,
                              self.coordinator_epoch)
@@ -620,6 +671,10 @@ def model_data(producers: dict[int, ModelProducer], b: BatchFields, offset: int)
             return ErrorCode.out_of_order_sequence_number
         expected = (p.appended[-1][1] + 1) % (SEQUENCE_MAX + 1) if p.appended else 0
         if b.producer_epoch == p.epoch and b.base_sequence != expected:
+            if b.is_transactional and any(
+                    first_seq == b.base_sequence and not p.in_open_txn(first)
+                    for first_seq, _, first, _, _ in p.appended[-BATCHES_RETAINED:]):
+                return ErrorCode.unknown_producer_id  # reuses an ended transaction's sequence
             return ErrorCode.out_of_order_sequence_number
         if p.txn_first_offset is not None and not b.is_transactional:
             return ErrorCode.invalid_txn_state
@@ -645,7 +700,9 @@ def model_append(producers: dict[int, ModelProducer], batches: list[BatchFields]
         last_seq = model_last_seq(b.base_sequence, b.last_offset_delta + 1)
         if p is not None and p.epoch == b.producer_epoch:
             for first_seq, cached_last, first, last, ts in p.appended[-BATCHES_RETAINED:]:
-                if (first_seq, cached_last) == (b.base_sequence, last_seq):
+                # a transactional batch only retries a batch of the open transaction
+                if ((first_seq, cached_last) == (b.base_sequence, last_seq)
+                        and (not b.is_transactional or p.in_open_txn(first))):
                     return Duplicate(first, last, ts)
         error = model_data(work, b, offset)
         if error is not None:

@@ -137,11 +137,34 @@ class ProducerEntry:
     def last_seq(self) -> int:
         return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
 
-    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int, *,
+                       transactional: bool) -> BatchMetadata | None:
+        """The cached batch that a batch with these fields retries, if any.
+
+        A transactional batch can only retry a batch of the producer's *open* transaction:
+        a cached batch below the open transaction's first offset, or any cached batch when
+        no transaction is open, belongs to a transaction that a marker has already ended.
+        Under transactions V1 a client may reuse the sequence of a batch it purged on abort
+        (librdkafka does), so the same (epoch, sequence) in the next transaction is new data,
+        and answering it as a duplicate would acknowledge a record that was never written.
+        """
         if epoch != self.producer_epoch:
             return None
         for batch in self.batches:
             if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                if transactional and not self.in_open_transaction(batch):
+                    return None
+                return batch
+        return None
+
+    def in_open_transaction(self, batch: BatchMetadata) -> bool:
+        first = self.current_txn_first_offset
+        return first is not None and batch.first_offset >= first
+
+    def ended_batch_with_sequence(self, first_seq: int) -> BatchMetadata | None:
+        """A cached batch starting at `first_seq` whose transaction has ended (for messages)."""
+        for batch in self.batches:
+            if batch.first_seq == first_seq and not self.in_open_transaction(batch):
                 return batch
         return None
 
@@ -233,7 +256,7 @@ def _apply_data(entry: ProducerEntry, batch: BatchHeaderLike, first_offset: int,
         raise _Reject(ErrorCode.invalid_producer_epoch,
                       f"epoch {epoch} is older than the current epoch {entry.producer_epoch}")
     if origin is AppendOrigin.CLIENT:
-        _check_sequence(entry, epoch, batch.base_sequence)
+        _check_sequence(entry, epoch, batch.base_sequence, batch.is_transactional)
     metadata = BatchMetadata(batch.base_sequence,
                              last_sequence(batch.base_sequence, batch.last_offset_delta),
                              first_offset, first_offset + batch.last_offset_delta, timestamp_ms)
@@ -253,8 +276,11 @@ def _apply_data(entry: ProducerEntry, batch: BatchHeaderLike, first_offset: int,
     return _Step(new_entry, started, None)
 
 
-def _check_sequence(entry: ProducerEntry, epoch: int, first_seq: int) -> None:
-    """Kafka's ProducerAppendInfo.checkSequence, for batches from clients."""
+def _check_sequence(entry: ProducerEntry, epoch: int, first_seq: int,
+                    transactional: bool) -> None:
+    """Kafka's ProducerAppendInfo.checkSequence, for batches from clients, plus one case
+    Kafka lets through: a transactional batch reusing the sequence of a batch whose
+    transaction has ended (see `ProducerEntry.find_duplicate` and docs/transactions.md)."""
     if entry.producer_epoch == NO_PRODUCER_EPOCH:
         # Unknown PID (never wrote here, or expired): any sequence is accepted. Since KIP-360
         # the broker no longer answers UNKNOWN_PRODUCER_ID here.
@@ -264,9 +290,21 @@ def _check_sequence(entry: ProducerEntry, epoch: int, first_seq: int) -> None:
             raise _Reject(ErrorCode.out_of_order_sequence_number,
                           f"new epoch {epoch} must start at sequence 0, not {first_seq}")
         return
-    if not _in_sequence(entry.last_seq, first_seq):
-        raise _Reject(ErrorCode.out_of_order_sequence_number,
-                      f"sequence {first_seq} does not follow the last sequence {entry.last_seq}")
+    if _in_sequence(entry.last_seq, first_seq):
+        return
+    ended = entry.ended_batch_with_sequence(first_seq) if transactional else None
+    if ended is not None:
+        # The client rewound its sequence to a batch it gave up on (purged on abort) that the
+        # log holds in an ended transaction. UNKNOWN_PRODUCER_ID is the answer every client
+        # turns into "abort the transaction and bump the epoch" (librdkafka treats an
+        # OUT_OF_ORDER_SEQUENCE_NUMBER at the head of its queue as fatal); the new epoch
+        # restarts the sequences at 0, so the next transaction goes through.
+        raise _Reject(ErrorCode.unknown_producer_id,
+                      f"sequence {first_seq} was used by the batch at offset "
+                      f"{ended.first_offset}, in a transaction that has already ended; the "
+                      f"last sequence is {entry.last_seq}: abort and bump the epoch")
+    raise _Reject(ErrorCode.out_of_order_sequence_number,
+                  f"sequence {first_seq} does not follow the last sequence {entry.last_seq}")
 
 
 def _apply_marker(entry: ProducerEntry, batch: BatchHeaderLike, offset: int, timestamp_ms: int,
@@ -373,7 +411,7 @@ class ProducerStateManager:
             last_seq = last_sequence(batch.base_sequence, batch.last_offset_delta)
             if committed is not None:
                 cached = committed.find_duplicate(batch.producer_epoch, batch.base_sequence,
-                                                  last_seq)
+                                                  last_seq, transactional=batch.is_transactional)
                 if cached is not None:
                     return Duplicate(cached.first_offset, cached.last_offset, cached.timestamp_ms)
         entry = work.get(pid) or committed or ProducerEntry(pid)

@@ -150,7 +150,10 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None)
         outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(exc)
         return outcome
     if isinstance(result, Rejected):
+        # As Kafka: a refused append still reports the log start offset, which the Java
+        # client needs to decide how to handle UNKNOWN_PRODUCER_ID (-1 makes it retry).
         outcome.error_code, outcome.error_message = result.error_code, result.message
+        outcome.log_start_offset = log.log_start_offset
         return outcome
     if isinstance(result, Duplicate):
         ctx.broker.metrics.duplicate(topic)
