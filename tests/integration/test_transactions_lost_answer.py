@@ -11,7 +11,10 @@ from __future__ import annotations
 from confluent_kafka import KafkaException, Producer
 
 from tests.helpers import TIMEOUT_S, create_topic, unique
-from tests.integration.transactions_support import read_all, txn_broker  # noqa: F401 - a fixture
+from tests.integration.transactions_support import (
+    read_all,
+    txn_broker,  # noqa: F401 - a fixture
+)
 
 REPORTS_WAIT_S = 0.05  # the issue's "about 50 ms later": before the client's retry lands
 
@@ -41,7 +44,7 @@ def _commit_or_abort(producer: Producer, topic: str, value: bytes, reports: list
         return False
 
 
-def test_next_transaction_is_not_taken_for_a_retry_of_the_aborted_one(txn_broker):
+def test_next_transaction_is_not_taken_for_a_retry_of_the_aborted_one(txn_broker):  # noqa: F811
     """The issue's reproduction: c0 committed; a1 performed, answer lost, A aborted before
     the retry; B's b1 reuses a1's epoch and sequence (librdkafka, transactions V1)."""
     bootstrap = txn_broker.bootstrap_servers
