@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench clean
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh tests/js/package.json
+$(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh scripts/java-clients.sh tests/js/package.json
 	bash scripts/setup.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 

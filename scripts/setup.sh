@@ -11,9 +11,10 @@ if sys.version_info < (3, 11):
     sys.exit(f"onceflow needs Python >= 3.11, found {sys.version.split()[0]}")
 PY
 
-# Spark (the pipelines) runs on a JVM: Java 17 or newer.
-if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then
-    bash "$(dirname "$0")/system-packages.sh" openjdk-17-jre-headless
+# Spark (the pipelines) runs on a JVM: Java 17 or newer. The tests also compile small
+# programs against the Java Kafka client, so the JDK (javac), not only the runtime.
+if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])' || ! command -v javac >/dev/null; then
+    bash "$(dirname "$0")/system-packages.sh" openjdk-17-jdk-headless
 fi
 
 # Independent Kafka clients the tests use beside the Python ones: kcat (Debian) and
@@ -32,3 +33,5 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e ".[test,spark]"
+# The Java Kafka client for the tests that use it (tests/java_support.py).
+bash "$(dirname "$0")/java-clients.sh" "$venv/bin/python" "$venv/share/kafka-java"
