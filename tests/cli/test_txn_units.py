@@ -17,7 +17,7 @@ from onceflow.cli.txn import (
     hanging_transactions,
     open_transactions,
 )
-from onceflow.cli.wire import Connection, WireError, decode_response
+from onceflow.client.wire import Connection, WireError, decode_response
 from onceflow.protocol.apis import ApiKey
 from onceflow.protocol.codec import build_entity, response_type
 

@@ -51,7 +51,7 @@ from onceflow.cli.clients import (
     require_topic,
     stdout,
 )
-from onceflow.cli.wire import Connection, WireError
+from onceflow.client.wire import Connection, WireError
 from onceflow.protocol.apis import ApiKey
 
 # Kafka's transaction.max.timeout.ms default: a transaction open longer than this would
