@@ -6,12 +6,10 @@ from pathlib import Path
 
 import typer
 
-from onceflow.cli.app import app
 
 # A group whose callback runs the broker when no subcommand is given, so that
 # `onceflow broker --port 9092` keeps working and `onceflow broker stats` can exist.
 broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running one.")
-app.add_typer(broker_app)
 
 
 @broker_app.callback(invoke_without_command=True)
