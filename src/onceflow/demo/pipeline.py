@@ -37,14 +37,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from onceflow import Broker
-from onceflow.processes import kill_tree
+from onceflow.broker.embedded import Broker
+from onceflow.demo.processes import kill_tree
 from onceflow.spark import checkpoint
 
 DATA_DIR = Path("data/pizza")
 # The pipeline file the driver runs, and the names it uses. Not imported here: importing it
 # imports pyspark and settles its paths from the environment at import time.
-PIPELINE_FILE = Path(__file__).parent / "examples" / "pizza_pipeline.py"
+PIPELINE_FILE = Path(__file__).parent.parent / "examples" / "pizza_pipeline.py"
 ORDERS_TOPIC, INCOME_TOPIC = "orders", "pizza-income"
 TABLE_ORDERS, TABLE_TOTALS = "pizza_orders", "pizza_totals"
 ORDERS = 6_000

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from onceflow import Broker
+from onceflow.broker.embedded import Broker
 
 DATA_DIR = Path("data/exactly-once")
 RECORDS = 20_000

@@ -2,12 +2,12 @@
 
 Two demos, one after the other, each with its own directory under ./data:
 
-1. `onceflow.demo_exactly_once` (./data/exactly-once): an in-process broker, two
+1. `onceflow.demo.exactly_once` (./data/exactly-once): an in-process broker, two
    transactional copiers killed again and again, a live read_committed check;
-2. `onceflow.demo_pipeline` (./data/pizza): the pizza pipeline on Spark, its driver
+2. `onceflow.demo.pipeline` (./data/pizza): the pizza pipeline on Spark, its driver
    SIGKILLed mid-batch and restarted from its checkpoint, then the totals verified.
 
-This module is the stable entry point the Makefile runs; it stops at the first demo
+This module (`python -m onceflow.demo`) is the stable entry point the Makefile runs; it stops at the first demo
 that fails and exits with its code.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from onceflow import demo_exactly_once, demo_pipeline
+from onceflow.demo import exactly_once, pipeline
 
 
 def _exit_code(demo: Callable[[], object]) -> int:
@@ -27,11 +27,11 @@ def _exit_code(demo: Callable[[], object]) -> int:
 
 
 def main() -> None:
-    code = _exit_code(demo_exactly_once.main)
+    code = _exit_code(exactly_once.main)
     if code != 0:
         raise SystemExit(code)
     print()
-    raise SystemExit(demo_pipeline.run_supervised())
+    raise SystemExit(pipeline.run_supervised())
 
 
 if __name__ == "__main__":
