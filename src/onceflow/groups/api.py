@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record
+from onceflow.groups.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record
 
 R = TypeVar("R")
 

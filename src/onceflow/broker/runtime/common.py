@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Both coordinators (onceflow.coordinator, onceflow.txn) are sans-IO state machines that keep
+Both coordinators (onceflow.groups, onceflow.txn) are sans-IO state machines that keep
 their state in a compacted internal topic (`__consumer_offsets`, `__transaction_state`).
 Driving one takes the same machinery, which lives here once:
 
@@ -20,7 +20,7 @@ Driving one takes the same machinery, which lives here once:
   cancels only its wait, never the replay.
 * Deadlines: after every interaction the loop timer is re-armed at the coordinator's
   `next_deadline_ms()`; when it fires, `on_timer` runs.
-* Compaction: once loaded, a `Compactor` (group_runtime/compaction.py) keeps the topic
+* Compaction: once loaded, a `Compactor` (runtime/compaction.py) keeps the topic
   bounded by the number of live keys, rewriting closed segments.
 * Routing: one process presents every node and its coordinators hold every partition, but
   a request is answered only by the node leading the key's partition; the others answer
@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.group_runtime import compaction
-from onceflow.broker.group_runtime.log_io import append_batch, read_entries
+from onceflow.broker.runtime import compaction
+from onceflow.broker.runtime.log_io import append_batch, read_entries
 from onceflow.broker.state import now_ms
-from onceflow.coordinator import Append, Appended, AppendFailed, AppendOutcome, LogEntry
+from onceflow.groups import Append, Appended, AppendFailed, AppendOutcome, LogEntry
 from onceflow.protocol.records import iter_batches
 from onceflow.storage.layout import StorageError
 from onceflow.storage.producer_state import AppendOrigin, Duplicate, Rejected
@@ -111,7 +111,8 @@ class CoordinatorRuntime:
         """Every partition is loaded (or was just created): timers and compaction start."""
         self.arm()
         if self.compactor is None and not self._closed:
-            self.compactor = compaction.Compactor(self)
+            self.compactor = compaction.Compactor(
+                self, self.broker_config.offsets_compaction_interval_ms)
             self.spawn(self.compactor.run())
 
     def on_timer(self, now: int) -> None:

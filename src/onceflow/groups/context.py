@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from onceflow.coordinator.api import Append
-from onceflow.coordinator.config import CoordinatorConfig
-from onceflow.coordinator.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record
-from onceflow.coordinator.timers import Timers
+from onceflow.groups.api import Append
+from onceflow.groups.config import CoordinatorConfig
+from onceflow.groups.records import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Record
+from onceflow.groups.timers import Timers
 
 if TYPE_CHECKING:
-    from onceflow.coordinator.group import Group
+    from onceflow.groups.group import Group
 
 # timer kinds
 SESSION = "session"  # a member's heartbeat (session) deadline

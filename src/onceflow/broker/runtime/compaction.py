@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 Every offset commit appends a record, so without cleaning the topic grows with the number
 of commits; what replay needs grows only with the number of live keys (group, topic,
-partition) and groups. The pure function `onceflow.coordinator.compact` says which
+partition) and groups. The pure function `onceflow.groups.compact` says which
 entries replay to the same state; this runner applies it to storage:
 
 1. A partition is *dirty* when a segment was closed (the log rolled) since its last
@@ -40,18 +40,18 @@ import collections
 import logging
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from onceflow.broker.group_runtime.log_io import LOAD_READ_BYTES, OffsetsLogCorrupt, batch_entries
+from onceflow.broker.runtime.log_io import LOAD_READ_BYTES, OffsetsLogCorrupt, batch_entries
 from onceflow.broker.state import now_ms
-from onceflow.coordinator import LogEntry, LogRecord, compact
+from onceflow.groups import LogEntry, LogRecord, compact
 from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import BatchHeader, SimpleRecord, build_batch, iter_batches
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import PartitionLog
 
 if TYPE_CHECKING:
-    from onceflow.broker.coordinator_runtime import CoordinatorRuntime
+    from onceflow.storage.store import TopicInfo
 
 log = logging.getLogger("onceflow.groups")
 
@@ -120,16 +120,31 @@ def plan_compaction(offsets_log: PartitionLog, segment_bases: list[int], now: in
     return plan
 
 
+class CompactedTopic(Protocol):
+    """What the compactor needs of the runtime whose topic it keeps bounded
+    (common.CoordinatorRuntime)."""
+
+    topic_name: str
+
+    @property
+    def tombstone_retention_ms(self) -> int: ...
+
+    def topic(self) -> TopicInfo | None: ...
+
+    def partition_log(self, index: int) -> PartitionLog: ...
+
+
 class Compactor:
-    def __init__(self, runtime: CoordinatorRuntime) -> None:
+    def __init__(self, runtime: CompactedTopic, interval_ms: int) -> None:
         self._runtime = runtime
+        self._interval_ms = interval_ms  # between compaction rounds (log.cleaner.backoff.ms)
         self._compacted_through: dict[int, int] = {}  # partition -> active base then
         self._last_run_ms: dict[int, int] = {}
         self.history: collections.deque[Compacted] = collections.deque(maxlen=HISTORY_MAX)
         self._closed = False
 
     async def run(self) -> None:
-        interval_s = self._runtime.broker_config.offsets_compaction_interval_ms / 1000
+        interval_s = self._interval_ms / 1000
         while not self._closed:
             await asyncio.sleep(interval_s)
             await self.compact_dirty()

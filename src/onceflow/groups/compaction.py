@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onceflow.coordinator.records import LogEntry, LogRecord, TxnMarker
+from onceflow.groups.records import LogEntry, LogRecord, TxnMarker
 
 _OPEN = 0
 _COMMITTED = 1

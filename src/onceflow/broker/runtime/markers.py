@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kio.schema.errors import ErrorCode
 
+from onceflow.broker.runtime.groups import OFFSETS_TOPIC
 from onceflow.protocol.records import EndTxnMarker, build_control_batch, iter_batches
 from onceflow.storage.layout import StorageError
 from onceflow.storage.producer_state import AppendOrigin, Rejected
@@ -36,10 +37,9 @@ from onceflow.txn import MarkerWrite, TopicPartition
 
 if TYPE_CHECKING:
     from onceflow.broker.state import BrokerState
+    from onceflow.groups import GroupCoordinator
 
 log = logging.getLogger("onceflow.txns")
-
-OFFSETS_TOPIC = "__consumer_offsets"
 
 
 def append_marker(state: BrokerState, write: MarkerWrite, tp: TopicPartition,
@@ -79,8 +79,8 @@ def append_markers(state: BrokerState, write: MarkerWrite, now_ms: int,
     return errors, flushes
 
 
-async def settle(state: BrokerState, write: MarkerWrite, errors: dict[TopicPartition, ErrorCode],
-                 flushes: dict[TopicPartition, Future],
+async def settle(state: BrokerState, groups: GroupCoordinator, write: MarkerWrite,
+                 errors: dict[TopicPartition, ErrorCode], flushes: dict[TopicPartition, Future],
                  flushed: Callable[[Future], Awaitable[bool]],
                  now_ms: Callable[[], int]) -> dict[TopicPartition, ErrorCode]:
     """Wait until the appended markers are durable; settle pending offsets of the groups in
@@ -91,6 +91,5 @@ async def settle(state: BrokerState, write: MarkerWrite, errors: dict[TopicParti
     offsets_partitions = [tp.partition for tp in flushes
                           if tp.topic == OFFSETS_TOPIC and errors[tp] is ErrorCode.none]
     if offsets_partitions:
-        state.groups.coordinator.complete_txn(write.producer_id, write.commit,
-                                              offsets_partitions, now_ms())
+        groups.complete_txn(write.producer_id, write.commit, offsets_partitions, now_ms())
     return errors

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.api import (
+from onceflow.groups.api import (
     AssignmentLike,
     HeartbeatResult,
     JoinGroupResult,
@@ -26,9 +26,9 @@ from onceflow.coordinator.api import (
     SyncRespond,
     join_error,
 )
-from onceflow.coordinator.context import PENDING_MEMBER, Ctx
-from onceflow.coordinator.group import MEMBER_ID_DELIMITER, Group, Member, Protocols
-from onceflow.coordinator.rebalance import (
+from onceflow.groups.context import PENDING_MEMBER, Ctx
+from onceflow.groups.group import MEMBER_ID_DELIMITER, Group, Member, Protocols
+from onceflow.groups.rebalance import (
     StaticRejoin,
     maybe_prepare_rebalance,
     prepare_rebalance,
@@ -39,8 +39,8 @@ from onceflow.coordinator.rebalance import (
     store_assignment,
     try_complete_join,
 )
-from onceflow.coordinator.records import group_metadata_record
-from onceflow.coordinator.state import GroupState
+from onceflow.groups.records import group_metadata_record
+from onceflow.groups.state import GroupState
 
 S = GroupState
 UNKNOWN_MEMBER_ID = ""  # Kafka's JoinGroupRequest.UNKNOWN_MEMBER_ID

@@ -2,8 +2,8 @@
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator import JoinProtocol, MemberIdentity
-from tests.coordinator.harness import FAST, RANGE, REBALANCE_MS, SESSION_MS, FakeBroker
+from onceflow.groups import JoinProtocol, MemberIdentity
+from tests.groups.harness import FAST, RANGE, REBALANCE_MS, SESSION_MS, FakeBroker
 
 E = ErrorCode
 G = "orders-processor"

@@ -7,7 +7,7 @@ turns into kio responses), `state.py` for the state machine, `records.py` for th
 format, `compaction.py` for keeping __consumer_offsets bounded.
 """
 
-from onceflow.coordinator.api import (
+from onceflow.groups.api import (
     Append,
     Appended,
     AppendFailed,
@@ -38,10 +38,10 @@ from onceflow.coordinator.api import (
     TopicErrors,
     TopicPartitions,
 )
-from onceflow.coordinator.compaction import compact
-from onceflow.coordinator.config import CoordinatorConfig
-from onceflow.coordinator.coordinator import GroupCoordinator
-from onceflow.coordinator.records import (
+from onceflow.groups.compaction import compact
+from onceflow.groups.config import CoordinatorConfig
+from onceflow.groups.coordinator import GroupCoordinator
+from onceflow.groups.records import (
     LogEntry,
     LogRecord,
     Record,
@@ -49,7 +49,7 @@ from onceflow.coordinator.records import (
     java_string_hashcode,
     partition_for,
 )
-from onceflow.coordinator.state import LEGAL_TRANSITIONS, GroupState, IllegalTransition
+from onceflow.groups.state import LEGAL_TRANSITIONS, GroupState, IllegalTransition
 
 __all__ = [
     "Append", "AppendFailed", "Appended", "AppendOutcome", "CoordinatorConfig",

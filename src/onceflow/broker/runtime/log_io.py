@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from onceflow.coordinator import Append, LogEntry, LogRecord, TxnMarker
-from onceflow.coordinator.records import NO_PRODUCER_ID
+from onceflow.groups import Append, LogEntry, LogRecord, TxnMarker
+from onceflow.groups.records import NO_PRODUCER_ID
 from onceflow.protocol.records import (
     BatchHeader,
     Compression,

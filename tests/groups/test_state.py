@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from onceflow.coordinator.group import Group
-from onceflow.coordinator.state import (
+from onceflow.groups.group import Group
+from onceflow.groups.state import (
     CAN_REBALANCE,
     LEGAL_TRANSITIONS,
     GroupState,

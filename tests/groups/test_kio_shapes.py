@@ -16,7 +16,7 @@ from kio.schema.offset_fetch.v8.request import OffsetFetchRequestTopics
 from kio.schema.sync_group.v5.request import SyncGroupRequestAssignment
 from kio.static.primitive import i32, i64
 
-from tests.coordinator.harness import FakeBroker
+from tests.groups.harness import FakeBroker
 
 E = ErrorCode
 

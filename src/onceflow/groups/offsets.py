@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.api import (
+from onceflow.groups.api import (
     FetchedPartition,
     FetchedTopic,
     OffsetCommitResult,
@@ -42,16 +42,16 @@ from onceflow.coordinator.api import (
     commit_errors,
     offset_append_error,
 )
-from onceflow.coordinator.context import Ctx
-from onceflow.coordinator.group import CONSUMER_PROTOCOL_TYPE, Group
-from onceflow.coordinator.rebalance import schedule_heartbeat
-from onceflow.coordinator.records import (
+from onceflow.groups.context import Ctx
+from onceflow.groups.group import CONSUMER_PROTOCOL_TYPE, Group
+from onceflow.groups.rebalance import schedule_heartbeat
+from onceflow.groups.records import (
     OffsetCommitKey,
     OffsetCommitValue,
     Record,
     offset_commit_record,
 )
-from onceflow.coordinator.state import GroupState
+from onceflow.groups.state import GroupState
 
 S = GroupState
 TopicPartition = tuple[str, int]

@@ -43,8 +43,8 @@ from typing import TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator import membership, offsets, rebalance
-from onceflow.coordinator.api import (
+from onceflow.groups import membership, offsets, rebalance
+from onceflow.groups.api import (
     AppendFailed,
     AppendOutcome,
     AssignmentLike,
@@ -71,10 +71,10 @@ from onceflow.coordinator.api import (
     join_error,
     offset_append_error,
 )
-from onceflow.coordinator.config import CoordinatorConfig
-from onceflow.coordinator.context import OFFSETS_EXPIRATION, Ctx
-from onceflow.coordinator.group import Group, plain_protocols
-from onceflow.coordinator.records import (
+from onceflow.groups.config import CoordinatorConfig
+from onceflow.groups.context import OFFSETS_EXPIRATION, Ctx
+from onceflow.groups.group import Group, plain_protocols
+from onceflow.groups.records import (
     GroupMetadataKey,
     LogEntry,
     LogRecord,
@@ -85,8 +85,8 @@ from onceflow.coordinator.records import (
     group_metadata_record,
     partition_for,
 )
-from onceflow.coordinator.state import GroupState, parse_state_filter
-from onceflow.coordinator.timers import Timers
+from onceflow.groups.state import GroupState, parse_state_filter
+from onceflow.groups.timers import Timers
 
 R = TypeVar("R")
 S = GroupState

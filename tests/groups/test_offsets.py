@@ -3,8 +3,8 @@ replay, and transactional offsets (KIP-447)."""
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator import TopicPartitions
-from tests.coordinator.harness import FAST, FakeBroker, errors_of, topics
+from onceflow.groups import TopicPartitions
+from tests.groups.harness import FAST, FakeBroker, errors_of, topics
 
 E = ErrorCode
 G = "payments"
@@ -187,7 +187,7 @@ def test_offset_delete():
 def test_offset_delete_respects_parsed_subscriptions():
     import struct
     subscription = struct.pack(">hih", 1, 1, len(T)) + T.encode() + struct.pack(">i", -1)
-    from onceflow.coordinator import JoinProtocol
+    from onceflow.groups import JoinProtocol
     b = FakeBroker()
     j1, _ = b.form_group(G, 2, protocols=(JoinProtocol("range", subscription),))
     b.commit(G, {(T, 0): 1, ("old", 0): 2}, generation=1, member_id=j1.member_id)

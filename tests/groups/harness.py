@@ -13,7 +13,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator import (
+from onceflow.groups import (
     Appended,
     AppendFailed,
     CoordinatorConfig,

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The coordinator (onceflow.coordinator) decides; this class performs its effects. Its
-contract, played here exactly as tests/coordinator/harness.py plays it:
+The coordinator (onceflow.groups) decides; this class performs its effects. Its
+contract, played here exactly as tests/groups/harness.py plays it:
 
 1. A handler calls the coordinator and gets a `Result`: a response and `Append`s.
 2. `persist` writes every append as one batch to its `__consumer_offsets` partition
@@ -31,7 +31,7 @@ nodes), but a group request is answered only by the node that leads the group's 
 the others answer NOT_COORDINATOR, so clients exercise the same paths as with Kafka.
 
 The machinery of steps 2 and 4, loading and routing is shared with the transaction
-runtime: `onceflow.broker.coordinator_runtime.CoordinatorRuntime` (which also runs the
+runtime: `onceflow.broker.runtime.common.CoordinatorRuntime` (which also runs the
 compactor). This class adds the JoinGroup/SyncGroup callbacks.
 """
 
@@ -42,8 +42,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from onceflow.broker.coordinator_runtime import CoordinatorRuntime, internal_topic_configs
-from onceflow.coordinator import CoordinatorConfig, GroupCoordinator, Result
+from onceflow.broker.runtime.common import CoordinatorRuntime, internal_topic_configs
+from onceflow.groups import CoordinatorConfig, GroupCoordinator, Result
 
 if TYPE_CHECKING:
     from onceflow.broker.config import BrokerConfig

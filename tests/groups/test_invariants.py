@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator import JoinProtocol
-from onceflow.coordinator.state import GroupState
-from onceflow.coordinator.timers import Timers
-from tests.coordinator.harness import FAST, RANGE, SESSION_MS, FakeBroker
+from onceflow.groups import JoinProtocol
+from onceflow.groups.state import GroupState
+from onceflow.groups.timers import Timers
+from tests.groups.harness import FAST, RANGE, SESSION_MS, FakeBroker
 
 E = ErrorCode
 GROUPS = ("g1", "g2")
@@ -115,7 +115,7 @@ def test_prepared_commit_is_invisible_until_complete():
                                    group_instance_id=None, topics=[], api_version=8,
                                    now_ms=b.now_ms)
     assert result.appends == ()
-    from tests.coordinator.harness import topics
+    from tests.groups.harness import topics
     result = b.coord.offset_commit(group_id="g", generation_id=-1, member_id="",
                                    group_instance_id=None, topics=topics({("t", 0): 2}),
                                    api_version=8, now_ms=b.now_ms)

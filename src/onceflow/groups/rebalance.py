@@ -36,16 +36,16 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.api import (
+from onceflow.groups.api import (
     JoinGroupResult,
     SyncGroupResult,
     group_append_error,
     join_error,
 )
-from onceflow.coordinator.context import JOIN, SESSION, SYNC, Ctx, timer_key
-from onceflow.coordinator.group import Group, Member, Protocols
-from onceflow.coordinator.records import GroupMetadataValue, group_metadata_record
-from onceflow.coordinator.state import CAN_REBALANCE, GroupState
+from onceflow.groups.context import JOIN, SESSION, SYNC, Ctx, timer_key
+from onceflow.groups.group import Group, Member, Protocols
+from onceflow.groups.records import GroupMetadataValue, group_metadata_record
+from onceflow.groups.state import CAN_REBALANCE, GroupState
 
 S = GroupState
 

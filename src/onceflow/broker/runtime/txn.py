@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.coordinator_runtime import CoordinatorRuntime, internal_topic_configs
+from onceflow.broker.runtime.common import CoordinatorRuntime, internal_topic_configs
 from onceflow.broker.state import now_ms
-from onceflow.broker.txn_runtime import markers
-from onceflow.coordinator import Appended, AppendOutcome, LogEntry, LogRecord
+from onceflow.broker.runtime import markers
+from onceflow.groups import Appended, AppendOutcome, LogEntry, LogRecord
 from onceflow.txn import (
     TRANSACTION_STATE_TOPIC,
     MarkerWrite,
@@ -58,6 +58,7 @@ from onceflow.txn import (
 
 if TYPE_CHECKING:
     from onceflow.broker.config import BrokerConfig
+    from onceflow.broker.runtime.groups import GroupRuntime
     from onceflow.broker.state import BrokerState
 
 log = logging.getLogger("onceflow.txns")
@@ -88,12 +89,15 @@ class TxnRuntime(CoordinatorRuntime):
     topic_name = TRANSACTION_STATE_TOPIC
     log = log
 
-    def __init__(self, state: BrokerState) -> None:
+    def __init__(self, state: BrokerState, groups: GroupRuntime) -> None:
         super().__init__(state, state.config.transaction_state_num_partitions)
+        # Markers written into __consumer_offsets settle the groups' pending offsets, and
+        # AddOffsetsToTxn needs the groups' partitioning.
+        self._groups = groups.coordinator
         self.coordinator = TransactionCoordinator(
             txn_config(state.config, self.num_partitions),
             allocate_producer_id=state.producer_ids.next_id,  # the broker's one allocator
-            group_partition_for=state.groups.coordinator.partition_for)
+            group_partition_for=self._groups.partition_for)
         self.crash_points: CrashPoints | None = None  # set by the server (fault injection)
 
     def topic_configs(self) -> dict[str, str]:
@@ -136,10 +140,12 @@ class TxnRuntime(CoordinatorRuntime):
         """WriteTxnMarkers from a client (the admin's abortTransaction for a hanging
         transaction): the same appends, answered once durable; no coordinator is told."""
         errors, flushes = markers.append_markers(self._state, write, now_ms())
-        return await markers.settle(self._state, write, errors, flushes, self.flushed, now_ms)
+        return await markers.settle(self._state, self._groups, write, errors, flushes,
+                                    self.flushed, now_ms)
 
     async def _markers_durable(self, write: MarkerWrite, errors, flushes) -> None:
-        errors = await markers.settle(self._state, write, errors, flushes, self.flushed, now_ms)
+        errors = await markers.settle(self._state, self._groups, write, errors, flushes,
+                                      self.flushed, now_ms)
         if self._closed:
             return
         self.follow(self.coordinator.markers_written(write, errors, now_ms()))

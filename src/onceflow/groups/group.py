@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.api import (
+from onceflow.groups.api import (
     JoinGroupMember,
     JoinGroupResult,
     JoinRespond,
@@ -41,8 +41,8 @@ from onceflow.coordinator.api import (
     SyncRespond,
     join_error,
 )
-from onceflow.coordinator.records import GroupMetadataValue, MemberMetadataValue
-from onceflow.coordinator.state import GroupState, check_transition
+from onceflow.groups.records import GroupMetadataValue, MemberMetadataValue
+from onceflow.groups.state import GroupState, check_transition
 
 CONSUMER_PROTOCOL_TYPE = "consumer"  # Kafka's ConsumerProtocol.PROTOCOL_TYPE
 MEMBER_ID_DELIMITER = "-"  # Kafka: member id = (group.instance.id or client.id) + "-" + UUID

@@ -5,14 +5,14 @@ import time
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from onceflow.coordinator import (
+from onceflow.groups import (
     CoordinatorConfig,
     GroupCoordinator,
     LogRecord,
     TxnMarker,
     compact,
 )
-from onceflow.coordinator.records import (
+from onceflow.groups.records import (
     GroupMetadataValue,
     MemberMetadataValue,
     OffsetCommitValue,

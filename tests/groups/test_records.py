@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.coordinator.records import (
+from onceflow.groups.records import (
     GroupMetadataKey,
     GroupMetadataValue,
     MemberMetadataValue,
