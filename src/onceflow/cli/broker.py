@@ -47,6 +47,7 @@ def broker(
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
     if ctx.invoked_subcommand is not None:
         return
+    # Imported here, not at the top: the other commands are clients and never load the broker.
     from onceflow.broker.config import BrokerConfig
     from onceflow.broker.main import run_broker
 
