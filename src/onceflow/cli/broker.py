@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-
 # A group whose callback runs the broker when no subcommand is given, so that
 # `onceflow broker --port 9092` keeps working and `onceflow broker stats` can exist.
 broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running one.")

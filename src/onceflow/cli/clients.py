@@ -51,7 +51,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-
 BOOTSTRAP_ENV = "ONCEFLOW_BOOTSTRAP"
 BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
 

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
+from onceflow.broker.runtime import markers
 from onceflow.broker.runtime.common import CoordinatorRuntime, internal_topic_configs
 from onceflow.broker.state import now_ms
-from onceflow.broker.runtime import markers
 from onceflow.groups import Appended, AppendOutcome, LogEntry, LogRecord
 from onceflow.txn import (
     TRANSACTION_STATE_TOPIC,
