@@ -487,7 +487,7 @@ class FaultInjector:
                     return rule.describe(True)
         return {"id": rule_id, "active": False}
 
-    # -- hooks called by the server, on its loop thread ---
+    # -- hooks called by the connections and the request pipeline, on the loop thread ---
 
     def intercept(self, request: Request, node_id: int, work: Work,
                   close: Close) -> Awaitable[bytes | None]:
