@@ -51,8 +51,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from onceflow.cli.app import app
-
 BOOTSTRAP_ENV = "ONCEFLOW_BOOTSTRAP"
 BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
 
@@ -312,7 +310,6 @@ def finish_produce(producer: Producer, tally: DeliveryTally, count: int, topic: 
                        f"after {FLUSH_TIMEOUT_S:.0f} s")
 
 
-@app.command()
 @exits_cleanly
 def produce(
     topic: Annotated[str, typer.Argument(help="Topic to write to.")],
@@ -471,7 +468,6 @@ def consume_loop(consumer: Consumer, printer: RecordPrinter, max_messages: int |
             break
 
 
-@app.command()
 @exits_cleanly
 def consume(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],

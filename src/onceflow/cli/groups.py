@@ -26,7 +26,6 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, OffsetSpec
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -47,7 +46,6 @@ groups_app = typer.Typer(
     help="List and describe consumer groups: members, assignments, offsets, lag.",
     no_args_is_help=True,
 )
-app.add_typer(groups_app)
 
 
 def _wait(future: concurrent.futures.Future, group: str | None = None) -> Any:

@@ -41,7 +41,6 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, OffsetSpec
 from kio.schema.errors import ErrorCode
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -84,8 +83,6 @@ txn_app = typer.Typer(name="txn", no_args_is_help=True,
                       help="List, describe and abort transactions; find hanging ones.")
 producers_app = typer.Typer(name="producers", no_args_is_help=True,
                             help="Describe the producers a partition knows.")
-app.add_typer(txn_app)
-app.add_typer(producers_app)
 
 Partition = tuple[str, int]
 
