@@ -33,8 +33,9 @@ Client facts the ranges rest on (read from the clients' sources):
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
-__all__ = ("SUPPORTED", "ApiKey", "is_supported")
+__all__ = ("FEATURES", "SUPPORTED", "ApiKey", "Feature", "is_supported")
 
 
 class ApiKey(enum.IntEnum):
@@ -74,6 +75,8 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 # api_key -> (min_version, max_version), both inclusive.
@@ -153,7 +156,36 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 2),
+    # The consumer group protocol (KIP-848). ConsumerGroupHeartbeat v0: the coordinator
+    # makes member ids (Java 3.7-3.9, preview); v1 (Kafka 4.0): the client makes them and
+    # may subscribe with a regex - librdkafka 2.16 sends only v1. ConsumerGroupDescribe v1
+    # adds the member type (KIP-1099).
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """A feature flag of ApiVersions v3+ (KIP-584): the levels this broker supports, and
+    the level it finalizes unless the broker's configuration says otherwise (`level_of`).
+    Kafka leaves out finalized features at level 0."""
+
+    name: str
+    min_level: int
+    max_level: int
+    default_level: int
+
+
+# The features clients act on. group.version 1 = the consumer group protocol is enabled
+# (Kafka 4.0's default). transaction.version 2 = transactions V2 (KIP-890 part 2): a Java
+# 4.x producer then sends Produce v12, TxnOffsetCommit v5 and EndTxn v5 and bumps its epoch
+# per transaction; finalized at 1 by default (`--transaction-version 2` raises it), see
+# docs/transactions.md. Other features (issue 15) go in this table too.
+FEATURES: tuple[Feature, ...] = (
+    Feature("group.version", 0, 1, 1),
+    Feature("transaction.version", 0, 2, 1),
+)
 
 
 def is_supported(api_key: int, api_version: int) -> bool:

@@ -202,7 +202,8 @@ def _fetched_topics(ctx: RequestContext, result: OffsetFetchResult,
 
 
 def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
-               require_stable: bool) -> tuple[OffsetFetchResult, list[dict]]:
+               require_stable: bool, member_id: str | None = None,
+               member_epoch: int = -1) -> tuple[OffsetFetchResult, list[dict]]:
     """One group's offsets; unknown topic ids are answered UNKNOWN_TOPIC_ID."""
     runtime = ctx.groups
     wanted, unknown = None, []
@@ -221,7 +222,8 @@ def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
     if error is not None:
         return OffsetFetchResult(group_id, error, _unanswered(wanted)), unknown
     return runtime.coordinator.offset_fetch(group_id=group_id, topics=wanted,
-                                            require_stable=require_stable), unknown
+                                            require_stable=require_stable, member_id=member_id,
+                                            member_epoch=member_epoch), unknown
 
 
 def _unanswered(wanted: list[TopicPartitions] | None) -> tuple[FetchedTopic, ...]:
@@ -237,7 +239,9 @@ async def offset_fetch(ctx: RequestContext, body) -> dict:
     if ctx.api_version >= GROUPS_BATCH_MIN_VERSION:
         groups = []
         for group in body.groups:
-            result, unknown = _fetch_one(ctx, group.group_id, group.topics, require_stable)
+            result, unknown = _fetch_one(ctx, group.group_id, group.topics, require_stable,
+                                         getattr(group, "member_id", None),
+                                         getattr(group, "member_epoch", -1))
             topics = [] if result.error is not ErrorCode.none else _fetched_topics(ctx, result)
             groups.append({"group_id": group.group_id, "topics": topics + unknown,
                            "error_code": result.error})
