@@ -9,7 +9,7 @@ classic ones in membership/offsets/rebalance; this module only routes between th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -35,7 +35,8 @@ from onceflow.groups.state import GroupState
 
 if TYPE_CHECKING:
     from onceflow.groups.consumer.coordinator import ConsumerGroups
-    from onceflow.groups.coordinator import Shard
+
+Shard = Any  # coordinator.Shard (which imports this module: named here, not imported)
 
 S = GroupState
 # OffsetCommit v9 is the first that carries a member epoch (KIP-848 members must use it)
@@ -62,7 +63,7 @@ class ConsumerGroupAPIs:
             return Result(HeartbeatResult(error, member_epoch=-1))
         assert shard is not None
 
-        def convert() -> tuple[Group, list]:
+        def convert() -> tuple[Any, list]:
             """An empty classic group becomes a consumer group (its offsets stay); a live
             one does not (no online upgrade here): Kafka's answer when it cannot convert."""
             classic = shard.groups[req.group_id]

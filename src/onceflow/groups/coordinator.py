@@ -79,10 +79,10 @@ from onceflow.groups.consumer.coordinator import (
     ConsumerWrite,
     key_type,
 )
+from onceflow.groups.consumer.group import ConsumerGroup
 from onceflow.groups.consumer.target import EMPTY_IMAGE, TopicsImage
 from onceflow.groups.consumer_apis import ConsumerGroupAPIs
 from onceflow.groups.context import OFFSETS_EXPIRATION, Ctx
-from onceflow.groups.consumer.group import ConsumerGroup
 from onceflow.groups.group import Group, plain_protocols
 from onceflow.groups.records import (
     GroupMetadataKey,
