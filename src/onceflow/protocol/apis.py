@@ -82,9 +82,10 @@ class ApiKey(enum.IntEnum):
 # api_key -> (min_version, max_version), both inclusive.
 SUPPORTED: dict[int, tuple[int, int]] = {
     # v3 is the first with record format v2 (and Kafka 4.0's minimum). The range
-    # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v11 is the
-    # last version without transactions V2 (KIP-890 part 2, v12) and topic ids (v13).
-    ApiKey.PRODUCE: (3, 11),
+    # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v12 is
+    # transactions V2 (KIP-890 part 2: the broker adds partitions to the transaction);
+    # v13 names topics by id (not offered; Java 4.x caps itself at v12 then).
+    ApiKey.PRODUCE: (3, 12),
     # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
     # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). The
     # maximum is v12, the last version that names topics: v13+ sends topic ids
@@ -136,9 +137,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # knows v0-6 and takes the highest both sides have. v6 (KIP-939 two-phase commit)
     # is not offered: nothing implements 2PC.
     ApiKey.INIT_PRODUCER_ID: (0, 5),
-    # Transactions (issue 5), transactions V1 only: nothing of KIP-890 part 2 (EndTxn v5,
-    # TxnOffsetCommit v5, Produce v12), which Java 4.x uses only when the broker finalizes
-    # the transaction.version feature (we do not). Clients send: librdkafka 2.16
+    # Transactions (issue 5) and transactions V2 (issue 16, KIP-890 part 2: EndTxn v5
+    # answers the bumped epoch, TxnOffsetCommit v5 and Produce v12 have the broker add the
+    # partition), which Java 4.x uses when the transaction.version feature is 2 (FEATURES
+    # below). Clients send: librdkafka 2.16
     # AddPartitionsToTxn v0, AddOffsetsToTxn v0, EndTxn v0-1, TxnOffsetCommit v0-3;
     # kafka-python 3.0 AddPartitionsToTxn/AddOffsetsToTxn/EndTxn/TxnOffsetCommit v0-3;
     # aiokafka 0.14 v0 of each; Java 3.x/4.x AddPartitionsToTxn up to v3 (v4+ is
@@ -148,8 +150,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # V2) serves the admin's abortTransaction of a hanging transaction.
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
-    ApiKey.END_TXN: (0, 4),
-    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.END_TXN: (0, 5),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 5),
     ApiKey.WRITE_TXN_MARKERS: (1, 1),
     # Admin APIs (Java AdminClient, kafka-transactions.sh, `onceflow txn`): ListTransactions
     # v1 adds the duration filter, v2 (Kafka 4.0) the transactional id pattern.
