@@ -71,6 +71,10 @@ COORDINATOR_EPOCH = 0
 # long, so a reader replaying slowly still sees the id go.
 TOMBSTONE_RETENTION_MS = 24 * 3_600_000
 CRASH_POINT_PREPARE_COMMIT = "prepare_commit"
+# Kafka's add.partitions.to.txn.retry.backoff.ms / .backoff.max.ms: how a broker retries
+# an implicit add (transactions V2) that met CONCURRENT_TRANSACTIONS before answering.
+ADD_PARTITIONS_RETRY_BACKOFF_MS = 20
+ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS = 100
 
 
 class CrashPoints(Protocol):
@@ -181,10 +185,20 @@ class TxnRuntime(CoordinatorRuntime):
         ADD_PARTITION operation). Answers as `verify` does."""
         if self.topic() is None:
             return ErrorCode.coordinator_not_available
-        result = await self.persist(self.coordinator.add_partitions_to_txn(
-            transactional_id=transactional_id, producer_id=producer_id,
-            producer_epoch=producer_epoch, partitions=partitions, now_ms=now_ms(),
-            client_transaction_version=TRANSACTION_VERSION_2))
+        backoff_ms, waited_ms = ADD_PARTITIONS_RETRY_BACKOFF_MS, 0
+        while True:
+            result = await self.persist(self.coordinator.add_partitions_to_txn(
+                transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, partitions=partitions, now_ms=now_ms(),
+                client_transaction_version=TRANSACTION_VERSION_2))
+            # the previous transaction's markers are still being written: Kafka retries
+            # within the broker for a while before the producer sees a retriable error
+            if result.error is not ErrorCode.concurrent_transactions \
+                    or waited_ms >= ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS:
+                break
+            await asyncio.sleep(backoff_ms / 1000)
+            waited_ms += backoff_ms
+            backoff_ms = min(2 * backoff_ms, ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS)
         return ErrorCode.invalid_producer_epoch if result.error is ErrorCode.producer_fenced \
             else result.error
 
