@@ -71,9 +71,9 @@ def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
     admin, _metadata = connect_admin(bootstrap_servers)
     listed = _wait(admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S))
     groups = sorted(listed.valid, key=lambda g: g.group_id)
-    table = Table("group", "state", "simple", title=f"{len(groups)} groups")
-    for group in groups:
-        table.add_row(group.group_id, _state(group.state),
+    table = Table("group", "type", "state", "simple", title=f"{len(groups)} groups")
+    for group in groups:  # type: classic or consumer (KIP-848), from ListGroups v5
+        table.add_row(group.group_id, _state(getattr(group, "type", "")), _state(group.state),
                       "yes" if group.is_simple_consumer_group else "no")
     stdout().print(table)
 
@@ -116,9 +116,16 @@ def _owners(description: ConsumerGroupDescription) -> dict[tuple[str, int], str]
             for tp in (member.assignment.topic_partitions if member.assignment else [])}
 
 
+def _group_type(description: ConsumerGroupDescription) -> str:
+    """"consumer group, " for KIP-848 groups (confluent-kafka names the type), else ""."""
+    kind = getattr(description, "type", None)
+    return f"{_state(kind)} group, " if kind is not None and _state(kind) != "unknown" else ""
+
+
 def members_table(description: ConsumerGroupDescription) -> Table:
     table = Table("member id", "instance id", "client id", "host", "assignment",
-                  title=f"{description.group_id}: {_state(description.state)}, "
+                  title=f"{description.group_id}: {_group_type(description)}"
+                        f"{_state(description.state)}, "
                         f"assignor {description.partition_assignor or NOT_AVAILABLE}, "
                         f"{len(description.members)} member"
                         f"{'' if len(description.members) == 1 else 's'}")
