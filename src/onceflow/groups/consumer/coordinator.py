@@ -17,6 +17,7 @@ their next heartbeats.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from onceflow.groups.flexible import FlexibleReader
 from onceflow.groups.records import Record
 
 E = ErrorCode
+log = logging.getLogger("onceflow.groups")
 CONSUMER_SESSION = "consumer-session"
 CONSUMER_REBALANCE = "consumer-rebalance"
 TIMER_KINDS = frozenset({CONSUMER_SESSION, CONSUMER_REBALANCE})
@@ -173,6 +175,8 @@ class ConsumerGroups:
                 return self._leave(ctx, shard, req, image)
             return self._heartbeat(ctx, shard, req, image, convert)
         except HeartbeatError as exc:
+            log.info("group %s: heartbeat of %s (epoch %d) answered %s: %s", req.group_id,
+                     req.member_id, req.member_epoch, exc.error.name, exc.message)
             return HeartbeatResult(exc.error, exc.message, member_epoch=-1)
 
     def _heartbeat(self, ctx, shard, req: HeartbeatRequest, image: TopicsImage,
@@ -243,7 +247,9 @@ class ConsumerGroups:
         return HeartbeatResult(E.none, None, req.member_id, req.member_epoch)
 
     def fence(self, ctx, shard, group: ConsumerGroup, member: ConsumerMember,
-              image: TopicsImage) -> None:
+              image: TopicsImage, reason: str = "it left") -> None:
+        log.info("group %s: member %s (epoch %d) leaves: %s", group.group_id,
+                 member.member_id, member.member_epoch, reason)
         ctx.cancel(CONSUMER_SESSION, group, member.member_id)
         ctx.cancel(CONSUMER_REBALANCE, group, member.member_id)
         group.rebalance_epochs.pop(member.member_id, None)
@@ -272,11 +278,13 @@ class ConsumerGroups:
         member = group.members.get(member_id)
         if member is None:
             return
+        reason = "its session timed out"
         if kind == CONSUMER_REBALANCE:
             expected = group.rebalance_epochs.pop(member_id, None)
             if expected != member.member_epoch or member.state is not MemberState.UNREVOKED_PARTITIONS:
                 return
-        self.fence(ctx, shard, group, member, image)
+            reason = f"it did not revoke within {member.rebalance_timeout_ms} ms"
+        self.fence(ctx, shard, group, member, image, reason)
 
     # ------------------------------------------------------------ admin
 
