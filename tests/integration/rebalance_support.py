@@ -60,6 +60,19 @@ class ObservedCopier(Copier):
         self._event("revoke", partitions)
         super().revoked(consumer, partitions)
 
+    def copy(self, records, group_metadata) -> None:
+        self._batch = records
+        super().copy(records, group_metadata)
+
+    def commit(self) -> None:
+        super().commit()  # returns only once committed: log the input ranges it covered
+        ranges: dict[int, list[int]] = {}
+        for r in self._batch:
+            first_last = ranges.setdefault(r.partition(), [r.offset(), r.offset()])
+            first_last[1] = r.offset()
+        self.events.write(json.dumps({"t": time.time(), "event": "committed",
+                                      "ranges": ranges}) + "\n")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -156,7 +169,8 @@ def unowned_intervals(chaos: Chaos, partitions: int, start: float,
     changes: list[tuple[float, int, str, list[int]]] = []
     for instance in range(chaos.next_instance):
         for e in load_events(chaos.events_path(instance)):
-            changes.append((e["t"], instance, e["event"], e["partitions"]))
+            if e["event"] in ("assign", "revoke"):
+                changes.append((e["t"], instance, e["event"], e["partitions"]))
         if instance in chaos.kills:
             changes.append((chaos.kills[instance], instance, "killed", []))
     changes.sort()
