@@ -40,6 +40,7 @@ MEMBERS_MIN, MEMBERS_MAX = 2, 5
 ACTION_INTERVAL_S = (1.0, 3.0)
 DESCRIBE_INTERVAL_S = 0.1
 CONSUMER_GROUP_DESCRIBE = 69
+CLASSIC_HEARTBEAT_INTERVAL_MS = 300  # as the consumer protocol's heartbeat interval here
 SECOND = 1.0
 
 
@@ -77,12 +78,14 @@ class ObservedCopier(Copier):
 def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("bootstrap", "input", "output", "group", "instance", "events",
-                 "group-protocol", "assignment-strategy"):
+                 "group-protocol", "assignment-strategy", "session-timeout-ms"):
         parser.add_argument(f"--{name}", default=None)
     args = parser.parse_args()
     config = {}
-    if args.assignment_strategy:
+    if args.assignment_strategy:  # classic protocol only: client-side settings
         config["partition.assignment.strategy"] = args.assignment_strategy
+        config["session.timeout.ms"] = int(args.session_timeout_ms)
+        config["heartbeat.interval.ms"] = CLASSIC_HEARTBEAT_INTERVAL_MS
     ObservedCopier(Path(args.events), args.bootstrap, args.input, args.output, args.group,
                    args.instance, args.group_protocol, config).run()
 
@@ -98,6 +101,7 @@ class Chaos:
     log_dir: Path
     group_protocol: str
     assignment_strategy: str | None = None
+    session_timeout_ms: int = 4_000  # the classic protocol's (a client setting)
     processes: dict[int, subprocess.Popen] = field(default_factory=dict)
     kills: dict[int, float] = field(default_factory=dict)  # instance -> wall-clock kill time
     next_instance: int = 0
@@ -113,7 +117,8 @@ class Chaos:
                    "--instance", str(instance), "--events", str(self.events_path(instance)),
                    "--group-protocol", self.group_protocol]
         if self.assignment_strategy:
-            command += ["--assignment-strategy", self.assignment_strategy]
+            command += ["--assignment-strategy", self.assignment_strategy,
+                        "--session-timeout-ms", str(self.session_timeout_ms)]
         with open(self.log_dir / f"{self.group}-{instance}.log", "a") as log:
             self.processes[instance] = subprocess.Popen(command, stdout=log, stderr=log)
 
@@ -132,6 +137,10 @@ class Chaos:
     def run(self, duration_s: float, rng: random.Random) -> None:
         for _ in range(MEMBERS_START):
             self.add()
+        self.run_actions(duration_s, rng)
+
+    def run_actions(self, duration_s: float, rng: random.Random) -> None:
+        """Kill or add copiers at random moments for `duration_s`."""
         deadline = time.monotonic() + duration_s
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(*ACTION_INTERVAL_S))
