@@ -53,9 +53,9 @@ def test_list_and_describe_show_members_offsets_and_lag(groups_broker):
         members = [row for row in rows if len(row) == 5]
         assert len(members) == 1
         assert members[0][2:] == ["cli-test-consumer", "/127.0.0.1", f"{topic}:0,1"]
-        offsets = [row for row in rows if len(row) == 6]
-        assert offsets == [[topic, "0", "5", "5", "0", "cli-test-consumer"],
-                           [topic, "1", "2", "5", "3", "cli-test-consumer"]]
+        offsets = [row for row in rows if len(row) == 7]
+        assert offsets == [[topic, "0", "5", "5", "5", "0", "cli-test-consumer"],
+                           [topic, "1", "2", "5", "5", "3", "cli-test-consumer"]]
         assert "total lag 3" in described.stdout
     finally:
         consumer.close()
