@@ -16,7 +16,7 @@ def _register() -> None:
     # Each command module adds its commands to `app`; kept in one place so the
     # command tree is visible here.
     from onceflow.cli import (  # noqa: F401
-        broker, clients, faults, groups, outbox, pipeline, stats, topics, txn,
+        broker, clients, console, faults, groups, outbox, pipeline, stats, topics, txn,
     )
 
 

@@ -42,6 +42,10 @@ class ClientError(Exception):
     shows it on the page)."""
 
 
+class NotFoundError(ClientError):
+    """The topic, partition, group or transactional id named does not exist."""
+
+
 def describe_kafka_error(error: Any, topic: str | None = None) -> str:
     """One human sentence for a KafkaError (or anything a future raised)."""
     if not isinstance(error, KafkaError):
@@ -123,7 +127,7 @@ def require_topic(metadata: ClusterMetadata, topic: str) -> list[int]:
     """The topic's partition ids, or ClientError naming the unknown topic."""
     found = metadata.topics.get(topic)
     if found is None:
-        raise ClientError(f"unknown topic '{topic}'")
+        raise NotFoundError(f"unknown topic '{topic}'")
     if found.error is not None:
         raise ClientError(describe_kafka_error(found.error, topic))
     return sorted(found.partitions)

@@ -36,7 +36,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, OffsetSpec
 
-from onceflow.client.admin import ClientError, describe_kafka_error
+from onceflow.client.admin import ClientError, NotFoundError, describe_kafka_error
 from onceflow.client.cluster import Partition, list_offsets
 
 # How long the broker may take to answer one admin request.
@@ -60,7 +60,7 @@ def wait(future: concurrent.futures.Future, group: str | None = None) -> Any:
     except KafkaException as exc:
         error = exc.args[0]
         if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-            raise ClientError(f"unknown group '{group}'") from None
+            raise NotFoundError(f"unknown group '{group}'") from None
         raise ClientError(describe_kafka_error(error)) from None
     except concurrent.futures.TimeoutError:
         raise ClientError(f"no answer from the broker within {ADMIN_TIMEOUT_S:.0f} s") from None
@@ -105,7 +105,7 @@ def describe_group(admin: AdminClient, group: str) -> ConsumerGroupDescription:
     futures = admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)
     description = wait(futures[group], group)
     if description.state in (ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN):
-        raise ClientError(f"unknown group '{group}'")
+        raise NotFoundError(f"unknown group '{group}'")
     return description
 
 

@@ -1,0 +1,106 @@
+"""`Backend`: the console's one connection to the cluster, shared by every page.
+
+Theory of operation: the console is a Kafka client. It holds one `Cluster` (an
+AdminClient, the metadata, one raw connection per broker; `onceflow.client.cluster`),
+connected on first use so that a console started before its cluster - or one whose
+cluster went away - answers with a clear message and connects when it can. The metadata
+is re-read when older than `METADATA_MAX_AGE_S`, so pages show new topics and moved
+leaders without each page paying for a Metadata request. Every call here blocks: the
+web layer runs them on worker threads, never on the event loop.
+
+`Extras` are what a cluster offers beyond the Kafka protocol. The console served by an
+onceflow broker (`onceflow broker --console`) gets the broker's (segments of each
+partition); against any other cluster there are none and those parts of the pages say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import ClusterMetadata
+
+from onceflow.client.admin import ClientError, client_config, new_client_errors
+from onceflow.client.cluster import Cluster
+
+CLIENT_ID = "onceflow-console"
+# How stale the topic list and leaders may be: a page never shows metadata older than
+# this, and a burst of page loads shares one Metadata request.
+METADATA_MAX_AGE_S = 2.0
+# A page waits at most this long for the cluster's metadata before saying it is unreachable.
+METADATA_TIMEOUT_S = 5.0
+# Group id for the console's partition reads (librdkafka insists on one; the console
+# never joins the group nor commits).
+READER_GROUP_ID = "onceflow-console-reader"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Segment:
+    base_offset: int
+    size_bytes: int
+    first_timestamp_ms: int | None
+    active: bool
+
+
+class Extras(Protocol):
+    """What an onceflow broker serving the console offers beyond the Kafka protocol."""
+
+    def segments(self, topic: str, partition: int) -> list[Segment] | None:
+        """The partition's segments, oldest first; None when the broker has no such partition."""
+        ...
+
+
+class Backend:
+    def __init__(self, bootstrap_servers: str, properties: Mapping[str, str] | None = None,
+                 extras: Extras | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.properties = dict(properties or {})
+        self.extras = extras
+        self._cluster: Cluster | None = None
+        self._read_at = 0.0
+        self._lock = threading.Lock()
+
+    def cluster(self) -> Cluster:
+        """The connected cluster with metadata at most METADATA_MAX_AGE_S old."""
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = Cluster.connect(self.bootstrap_servers, self.properties,
+                                                CLIENT_ID)
+                self._read_at = time.monotonic()
+            elif time.monotonic() - self._read_at > METADATA_MAX_AGE_S:
+                self._cluster.refresh(METADATA_TIMEOUT_S)
+                self._read_at = time.monotonic()
+            return self._cluster
+
+    def metadata(self) -> ClusterMetadata:
+        return self.cluster().metadata
+
+    def config(self, **settings: Any) -> dict[str, Any]:
+        """Settings for a new confluent-kafka client of the console."""
+        return {**client_config(self.bootstrap_servers, new_client_errors(), self.properties,
+                                CLIENT_ID), **settings}
+
+    def reader(self, isolation_level: str, **settings: Any) -> Consumer:
+        """A consumer for reading partitions by assignment (no group membership)."""
+        return Consumer(self.config(**{"group.id": READER_GROUP_ID, "enable.auto.commit": False,
+                                       "enable.partition.eof": True,
+                                       "isolation.level": isolation_level, **settings}))
+
+    def producer(self, **settings: Any) -> Producer:
+        return Producer(self.config(**settings))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+
+
+def require(condition: bool, message: str) -> None:
+    """ClientError(message) unless `condition`: a person's mistake, shown on the page."""
+    if not condition:
+        raise ClientError(message)

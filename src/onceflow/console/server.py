@@ -1,0 +1,53 @@
+"""Serve the console on its own: `onceflow console --bootstrap-servers HOST:PORT`.
+
+uvicorn runs the ASGI app on one event loop; the console's blocking Kafka calls run on
+worker threads. One line on stdout says where it listens once it does (scripts and
+tests wait for it); SIGINT/SIGTERM stop it, open event streams included, within
+`SHUTDOWN_TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+
+from onceflow.console.app import create_app
+from onceflow.console.settings import ConsoleSettings
+
+# Open event streams never end by themselves: a stop waits this long for them.
+SHUTDOWN_TIMEOUT_S = 2
+
+
+def url_of(server: uvicorn.Server, host: str) -> str:
+    port = server.servers[0].sockets[0].getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+async def _announce(server: uvicorn.Server, settings: ConsoleSettings) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.05)
+    login = "login with the token" if settings.requires_login else "no login (localhost)"
+    print(f"onceflow console at {url_of(server, settings.host)} for "
+          f"{settings.bootstrap_servers} ({login})", flush=True)
+
+
+async def _serve(server: uvicorn.Server, settings: ConsoleSettings) -> None:
+    announce = asyncio.create_task(_announce(server, settings))
+    try:
+        await server.serve()
+    finally:
+        announce.cancel()
+
+
+def serve(settings: ConsoleSettings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
+                            lifespan="on", log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S)
+    server = uvicorn.Server(config)
+    asyncio.run(_serve(server, settings))
