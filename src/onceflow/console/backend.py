@@ -24,7 +24,13 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import ClusterMetadata
 
-from onceflow.client.admin import ClientError, client_config, new_client_errors
+from onceflow.client.admin import (
+    ClientError,
+    NotFoundError,
+    client_config,
+    new_client_errors,
+    require_topic,
+)
 from onceflow.client.cluster import Cluster
 
 CLIENT_ID = "onceflow-console"
@@ -78,6 +84,19 @@ class Backend:
 
     def metadata(self) -> ClusterMetadata:
         return self.cluster().metadata
+
+    def partitions_of(self, topic: str) -> list[int]:
+        """The topic's partition ids; metadata read again before calling it unknown (it
+        may be newer than the cached metadata)."""
+        try:
+            return require_topic(self.metadata(), topic)
+        except NotFoundError:
+            with self._lock:
+                cluster = self._cluster
+                if cluster is not None:
+                    cluster.refresh(METADATA_TIMEOUT_S)
+                    self._read_at = time.monotonic()
+            return require_topic(self.metadata(), topic)
 
     def config(self, **settings: Any) -> dict[str, Any]:
         """Settings for a new confluent-kafka client of the console."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from confluent_kafka import IsolationLevel
 from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec
 
-from onceflow.client.admin import ClientError, NotFoundError, describe_kafka_error, require_topic
+from onceflow.client.admin import ClientError, NotFoundError, describe_kafka_error
 from onceflow.client.cluster import Partition, list_offsets
 from onceflow.client.transactions import NO_OFFSET, ProducerState, describe_producers
 from onceflow.console.backend import Backend, Segment
@@ -116,7 +116,7 @@ def partition_rows(backend: Backend, topic: str, indexes: Sequence[int]) -> list
 
 
 def topic_view(backend: Backend, topic: str) -> TopicView:
-    indexes = require_topic(backend.metadata(), topic)
+    indexes = backend.partitions_of(topic)
     notes: list[str] = []
     return TopicView(topic, topic.startswith("__"), partition_rows(backend, topic, indexes),
                      topic_configs(backend, topic, notes), notes)
@@ -138,7 +138,7 @@ def topic_configs(backend: Backend, topic: str, notes: list[str]) -> list[Config
 
 
 def partition_view(backend: Backend, topic: str, partition: int) -> PartitionView:
-    if partition not in require_topic(backend.metadata(), topic):
+    if partition not in backend.partitions_of(topic):
         raise NotFoundError(f"topic '{topic}' has no partition {partition}")
     (row,) = partition_rows(backend, topic, [partition])
     notes: list[str] = []

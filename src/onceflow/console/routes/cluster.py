@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from onceflow.client.admin import NotFoundError
 from onceflow.console.context import console_of
 from onceflow.console.decode import FULL_BYTES_MAX, decode
 from onceflow.console.model import records as records_model
@@ -72,7 +73,7 @@ async def topic_events(request: Request) -> Response:
     name = request.path_params["topic"]
 
     def produce() -> list:
-        indexes = topics_model.require_topic(console.backend.metadata(), name)
+        indexes = console.backend.partitions_of(name)
         return topics_model.partition_rows(console.backend, name, indexes)
 
     def render(rows: list) -> dict[str, str]:
@@ -85,6 +86,14 @@ async def topic_events(request: Request) -> Response:
 
 def _partition_key(request: Request) -> tuple[str, int]:
     return request.path_params["topic"], partition_number(request.path_params["partition"])
+
+
+def _existing_partition(request: Request) -> tuple[str, int]:
+    """The partition named in the path; NotFoundError unless the cluster has it."""
+    topic, index = _partition_key(request)
+    if index not in console_of(request).backend.partitions_of(topic):
+        raise NotFoundError(f"topic '{topic}' has no partition {index}")
+    return topic, index
 
 
 async def partition(request: Request) -> HTMLResponse:
@@ -114,7 +123,7 @@ def _now_ms() -> int:
 
 async def records(request: Request) -> HTMLResponse:
     console = console_of(request)
-    key = _partition_key(request)
+    key = await blocking(_existing_partition, request)
     params = request.query_params
     offset = integer(params, "offset")
     at_ms = timestamp_ms(params, "timestamp")
