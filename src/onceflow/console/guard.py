@@ -44,6 +44,8 @@ LOGIN_FAILURE_DELAY_S = 1.0
 OPEN_PREFIXES = ("/login", "/static/")
 # Paths of the broker's admin endpoint mounted beside the console: their own rules apply.
 PASS_THROUGH_PREFIXES = ("/metrics", "/faults")
+# Event streams: answered 401, not sent to the login page.
+DATA_PREFIXES = ("/events/",)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSRF_HEADER = "x-csrf-token"
 
@@ -157,8 +159,7 @@ class Guard:
         if path.startswith(OPEN_PREFIXES):
             return None
         if not session.get("auth"):
-            if scope["method"] == "GET" and "hx-request" not in headers \
-                    and "text/event-stream" not in headers.get("accept", ""):
+            if scope["method"] == "GET" and _is_page(path, headers):
                 query = scope.get("query_string", b"").decode("latin-1")
                 target = path + (f"?{query}" if query else "")
                 return RedirectResponse(f"/login?next={quote(target, safe='')}", 303)
@@ -169,6 +170,13 @@ class Guard:
                 return PlainTextResponse("missing or wrong cross-site request token: reload "
                                          "the page", 403)
         return None
+
+
+def _is_page(path: str, headers: Headers) -> bool:
+    """A page a person opened (sent to the login), not a fragment, stream or data."""
+    return not (path.startswith(DATA_PREFIXES) or path.endswith(".json")
+                or "hx-request" in headers
+                or "text/event-stream" in headers.get("accept", ""))
 
 
 def _hostname(host_header: str) -> str:

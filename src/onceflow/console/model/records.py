@@ -42,7 +42,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from kio.schema.errors import ErrorCode
 
-from onceflow.client.admin import ClientError
+from onceflow.client.admin import ClientError, NotFoundError
 from onceflow.client.cluster import Partition, list_offsets
 from onceflow.client.transactions import NO_OFFSET, describe_producers, error_name
 from onceflow.console.backend import Backend
@@ -230,7 +230,11 @@ def _fetch(backend: Backend, partition: Partition, offset: int, isolation: int) 
                           forgotten_topics_data=[], rack_id="")
     (found,) = [p for t in answer.responses for p in t.partitions]
     if found.error_code == ErrorCode.offset_out_of_range:
-        raise ClientError(f"offset {offset} is outside {topic}-{index}'s log")
+        start, end = _log_range(backend, partition)
+        raise NotFoundError(f"offset {offset} is outside {topic}-{index}'s log, which holds "
+                            f"offsets {start} to {end - 1}" if end > start else
+                            f"offset {offset} is outside {topic}-{index}'s log, which is empty "
+                            f"(its next offset is {end})")
     if found.error_code != ErrorCode.none:
         raise ClientError(f"reading {topic}-{index}: {error_name(found.error_code)}")
     return found
@@ -313,12 +317,18 @@ def records_page(backend: Backend, partition: Partition, start: int | None,
 
 def last_page_start(backend: Backend, partition: Partition) -> int:
     """Where the newest page starts: RECORDS_PER_PAGE offsets below the high watermark."""
+    start, end = _log_range(backend, partition)
+    return max(start, end - RECORDS_PER_PAGE)
+
+
+def _log_range(backend: Backend, partition: Partition) -> tuple[int, int]:
+    """(log start, high watermark) of the partition."""
     admin = backend.cluster().admin
     earliest = list_offsets(admin, [partition], OffsetSpec.earliest())
     latest = list_offsets(admin, [partition], OffsetSpec.latest())
     if partition not in earliest or partition not in latest:
         raise ClientError(f"cannot read the offsets of {partition[0]}-{partition[1]}")
-    return max(earliest[partition], latest[partition] - RECORDS_PER_PAGE)
+    return earliest[partition], latest[partition]
 
 
 def offset_for_time(backend: Backend, partition: Partition, timestamp_ms: int) -> int | None:

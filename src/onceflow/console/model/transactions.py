@@ -46,6 +46,9 @@ from onceflow.client.transactions import (
 )
 from onceflow.console.backend import Backend
 
+# The only state in which a transaction can still be aborted: in the Prepare* states its
+# outcome is decided and being written.
+ABORTABLE_STATE = "Ongoing"
 # How long the fencing producer may take to initialise (the coordinator first writes the
 # ABORT markers of the open transaction, which clients see as CONCURRENT_TRANSACTIONS).
 FENCE_TIMEOUT_S = 30.0
@@ -73,6 +76,10 @@ class TransactionRow:
     @property
     def open(self) -> bool:
         return self.state in OPEN_STATES
+
+    @property
+    def abortable(self) -> bool:
+        return self.state == ABORTABLE_STATE
 
     @property
     def age_ratio(self) -> float | None:
@@ -156,7 +163,9 @@ def abort_by_fencing(backend: Backend, transactional_id: str, producer_id: int,
     described = describe_transaction(cluster, transactional_id)
     if described is None:
         raise ClientError(f"no coordinator knows '{transactional_id}' any more")
-    if described.state not in OPEN_STATES:
+    if described.state != ABORTABLE_STATE:
+        # PrepareCommit/PrepareAbort: already ending (a fence now would wait for the
+        # commit and then fence a healthy producer); anything else: nothing open.
         raise ClientError(f"'{transactional_id}' has no open transaction any more (it is "
                           f"{described.state}): nothing was aborted")
     if (described.producer_id, described.producer_epoch) != (producer_id, producer_epoch):

@@ -53,7 +53,7 @@ async def abort_confirm(request: Request) -> HTMLResponse:
                                 transactional_id)
     return console.renderer.page(request, "fragments/abort_confirm.html",
                                  transactional_id=transactional_id, described=described,
-                                 open_states=model.OPEN_STATES)
+                                 abortable_state=model.ABORTABLE_STATE)
 
 
 async def _form_int(request: Request, name: str, maximum: int = 2**63 - 1) -> int:
