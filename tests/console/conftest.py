@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.console.support import RunningConsole, chromium
 from onceflow.console.settings import ConsoleSettings
+from tests.console.support import RunningConsole, chromium
 
 # Few internal partitions (each is a directory of files) and a short initial rebalance.
 BROKER_SETTINGS = {"offsets_topic_num_partitions": 4, "transaction_state_num_partitions": 4,

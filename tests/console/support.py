@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import uvicorn
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
 from onceflow.console.app import create_app
 from onceflow.console.backend import Extras
+from onceflow.console.server import console_server
 from onceflow.console.settings import ConsoleSettings
 
 CHROMIUM = "/usr/bin/chromium"
@@ -40,10 +40,7 @@ class RunningConsole:
 
     def __init__(self, settings: ConsoleSettings, extras: Extras | None = None) -> None:
         self.app = create_app(settings, extras=extras)
-        config = uvicorn.Config(self.app, host=settings.host, port=0, lifespan="on",
-                                log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
+        self.server = console_server(self.app, settings.host, 0)
         self._thread = threading.Thread(target=self.server.run, name="console", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S

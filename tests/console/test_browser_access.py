@@ -28,7 +28,8 @@ def three_nodes() -> Iterator:
 
 def test_console_works_against_three_nodes(three_nodes, browser, tmp_path):
     bootstrap = three_nodes.bootstrap_servers
-    topic = create_topic(bootstrap, unique("console-nodes"), 3)
+    topic = create_topic(bootstrap, unique("console-nodes"), 3,
+                         config={"retention.ms": "86400000"})
     leaders = {p.id: p.leader for p in AdminClient({"bootstrap.servers": bootstrap})
                .list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions.values()}
     assert len(set(leaders.values())) == 3          # one partition on each node
@@ -51,6 +52,9 @@ def test_console_works_against_three_nodes(three_nodes, browser, tmp_path):
                 return [...document.querySelectorAll('#partition-table tr[data-partition]')]
                     .map(r => [Number(r.dataset.partition), Number(r.cells[1].innerText)]);""")
             assert dict(leader_cells) == leaders
+            wait_for(browser, lambda d: "retention.ms 86400000 topic" in text_of(d, "#configs")
+                     .replace("\t", " "), message="configs with their sources")
+            screenshot(browser, "topic", tmp_path)
             browser.get(f"{console.url}/topics/{topic}/{partition}")
             wait_for(browser, lambda d: number_in(d, "#lso") == 0 and number_in(d, "#hw") == 1,
                      message="LSO 0 < HW 1 on a partition led by another node")

@@ -43,23 +43,23 @@ def assert_sentence(answer: httpx.Response, status: int, *fragments: str) -> Non
 def test_beyond_localhost_needs_a_token_and_refuses_anonymous_visitors(console_broker):
     with pytest.raises(ClientError, match="token"):
         ConsoleSettings(console_broker.bootstrap_servers, host="0.0.0.0")
-    with running_console(console_broker.bootstrap_servers, host="0.0.0.0", token=TOKEN) as running:
-        with client(running.url) as http:
-            page = http.get("/transactions?x=1")
-            assert page.status_code == 303
-            assert page.headers["location"] == "/login?next=%2Ftransactions%3Fx%3D1"
-            assert http.get("/events/overview").status_code == 401
-            assert http.get("/series.json").status_code == 401
-            assert http.get("/topics", headers={"HX-Request": "true"}).status_code == 401
-            assert http.post("/transactions/x/abort").status_code == 401
-            started = time.monotonic()
-            wrong = http.post("/login", data={"token": "not-the-token", "next": "/"})
-            assert wrong.status_code == 401 and time.monotonic() - started >= 1.0
-            assert http.get("/topics").status_code == 303
-            right = http.post("/login", data={"token": TOKEN, "next": "//evil.example/"})
-            assert right.status_code == 303 and right.headers["location"] == "/"
-            assert http.get("/topics").status_code == 200
-            assert http.get("/static/vendor/htmx.min.js").status_code == 200
+    with running_console(console_broker.bootstrap_servers, host="0.0.0.0",
+                         token=TOKEN) as running, client(running.url) as http:
+        page = http.get("/transactions?x=1")
+        assert page.status_code == 303
+        assert page.headers["location"] == "/login?next=%2Ftransactions%3Fx%3D1"
+        assert http.get("/events/overview").status_code == 401
+        assert http.get("/series.json").status_code == 401
+        assert http.get("/topics", headers={"HX-Request": "true"}).status_code == 401
+        assert http.post("/transactions/x/abort").status_code == 401
+        started = time.monotonic()
+        wrong = http.post("/login", data={"token": "not-the-token", "next": "/"})
+        assert wrong.status_code == 401 and time.monotonic() - started >= 1.0
+        assert http.get("/topics").status_code == 303
+        right = http.post("/login", data={"token": TOKEN, "next": "//evil.example/"})
+        assert right.status_code == 303 and right.headers["location"] == "/"
+        assert http.get("/topics").status_code == 200
+        assert http.get("/static/vendor/htmx.min.js").status_code == 200
 
 
 def test_actions_need_the_csrf_token_and_a_same_site_origin(console):
@@ -134,7 +134,7 @@ def test_abort_of_a_transaction_that_has_just_completed_is_refused(console, cons
         token = csrf_of(http)
         confirm = http.get(f"/transactions/{transactional_id}/abort")
         ids = re.search(r'name="producer_id" value="(\d+)".*name="producer_epoch" value="(\d+)"',
-                        confirm.text, re.S)
+                        confirm.text, re.DOTALL)
         assert ids, confirm.text
         producer.commit_transaction(TIMEOUT_S)       # it completes while the page asks
         answer = http.post(f"/transactions/{transactional_id}/abort",

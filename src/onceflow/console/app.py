@@ -32,7 +32,7 @@ from onceflow.client.admin import ClientError
 from onceflow.console.backend import Backend, Extras
 from onceflow.console.context import Console
 from onceflow.console.guard import Guard, Sessions
-from onceflow.console.model.overview import SAMPLE_INTERVAL_S, Series, take_sample
+from onceflow.console.model.overview import Series, sample_pause_s, take_sample
 from onceflow.console.routes import cluster, groups, login, transactions
 from onceflow.console.settings import ConsoleSettings
 from onceflow.console.web import (
@@ -58,13 +58,14 @@ def missing_assets() -> list[str]:
 
 async def _sample_forever(console: Console) -> None:
     while True:
+        started = time.monotonic()
         try:
             console.series.add(await blocking(take_sample, console.backend,
                                               int(time.time() * 1000)))
             console.sample_problem = None
         except Exception as exc:  # noqa: BLE001 - shown on the overview, retried next tick
             console.sample_problem = error_status(exc)[1]
-        await asyncio.sleep(SAMPLE_INTERVAL_S)
+        await asyncio.sleep(sample_pause_s(time.monotonic() - started))
 
 
 def create_app(settings: ConsoleSettings, *, extras: Extras | None = None,

@@ -12,12 +12,33 @@ import asyncio
 import logging
 
 import uvicorn
+from starlette.applications import Starlette
 
 from onceflow.console.app import create_app
 from onceflow.console.settings import ConsoleSettings
+from onceflow.console.web import Streams
 
 # Open event streams never end by themselves: a stop waits this long for them.
 SHUTDOWN_TIMEOUT_S = 2
+
+
+class ConsoleServer(uvicorn.Server):
+    """uvicorn's server that ends the console's event streams when it shuts down."""
+
+    def __init__(self, config: uvicorn.Config, streams: Streams) -> None:
+        super().__init__(config)
+        self.streams = streams
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        self.streams.close()
+        await super().shutdown(sockets)
+
+
+def console_server(app: Starlette, host: str, port: int) -> ConsoleServer:
+    """A server for the console `app` (see `ConsoleServer`)."""
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S)
+    return ConsoleServer(config, app.state.console.streams)
 
 
 def url_of(server: uvicorn.Server, host: str) -> str:
@@ -46,8 +67,5 @@ async def _serve(server: uvicorn.Server, settings: ConsoleSettings) -> None:
 
 def serve(settings: ConsoleSettings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port,
-                            lifespan="on", log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S)
-    server = uvicorn.Server(config)
+    server = console_server(create_app(settings), settings.host, settings.port)
     asyncio.run(_serve(server, settings))

@@ -16,6 +16,7 @@ shown as "internal error" without one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import json
@@ -149,10 +150,15 @@ Fragments = Mapping[str, str]
 
 
 class Streams:
-    """Counts open event streams (at most STREAMS_MAX)."""
+    """Counts open event streams (at most STREAMS_MAX) and ends them all on `close()`, so a
+    server stops at once instead of waiting for streams that never end by themselves."""
 
     def __init__(self) -> None:
         self.open = 0
+        self.closing = asyncio.Event()
+
+    def close(self) -> None:
+        self.closing.set()
 
 
 def sse_event(name: str, data: str) -> str:
@@ -164,7 +170,7 @@ def live(request: Request, streams: Streams, renderer: Renderer, interval_s: flo
          produce: Callable[[], Any], render: Callable[[Any], Fragments]) -> Response:
     """An event stream: every `interval_s`, `produce()` on a worker thread, `render` it to
     named fragments, send those that changed."""
-    if streams.open >= STREAMS_MAX:
+    if streams.open >= STREAMS_MAX or streams.closing.is_set():
         return Response("too many open pages; close some", 503)
 
     async def events() -> AsyncIterator[str]:
@@ -172,7 +178,7 @@ def live(request: Request, streams: Streams, renderer: Renderer, interval_s: flo
         sent: dict[str, str] = {}
         quiet_s = 0.0
         try:
-            while not await request.is_disconnected():
+            while not streams.closing.is_set() and not await request.is_disconnected():
                 try:
                     fragments = dict(render(await blocking(produce)))
                     fragments.setdefault("problem", "")
@@ -188,7 +194,8 @@ def live(request: Request, streams: Streams, renderer: Renderer, interval_s: flo
                 elif quiet_s >= KEEPALIVE_S:
                     quiet_s = 0.0
                     yield ": keepalive\n\n"
-                await asyncio.sleep(interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(streams.closing.wait(), interval_s)
                 quiet_s += interval_s
         finally:
             streams.open -= 1

@@ -21,13 +21,16 @@ import dataclasses
 import itertools
 
 from confluent_kafka import IsolationLevel
-from confluent_kafka.admin import OffsetSpec
 
-from onceflow.client.cluster import Partition, list_offsets
+from onceflow.client.cluster import Partition
 from onceflow.client.groups import committed_offsets, list_groups
 from onceflow.console.backend import Backend
 
 SAMPLE_INTERVAL_S = 2.0
+# A sample costs two ListOffsets over every partition (about 50 ms per 1,000 partitions
+# on onceflow): the console and the cluster spend at most 1/SAMPLE_DUTY_DIVISOR of their
+# time on it, so with many partitions samples come less often than every 2 s.
+SAMPLE_DUTY_DIVISOR = 10
 # The charts show this much history; the bound on the samples kept.
 SERIES_SECONDS = 600
 SAMPLES_MAX = int(SERIES_SECONDS / SAMPLE_INTERVAL_S)
@@ -83,14 +86,18 @@ class Series:
         return points
 
 
+def sample_pause_s(sample_s: float) -> float:
+    """How long to wait after a sample that took `sample_s` (see SAMPLE_DUTY_DIVISOR)."""
+    return max(SAMPLE_INTERVAL_S - sample_s, sample_s * (SAMPLE_DUTY_DIVISOR - 1))
+
+
 def take_sample(backend: Backend, now_ms: int) -> Sample:
     cluster = backend.cluster()
     metadata = cluster.metadata
     partitions: list[Partition] = [(t, p) for t, topic in metadata.topics.items()
                                    for p in topic.partitions]
-    ends = list_offsets(cluster.admin, partitions, OffsetSpec.latest())
-    stable = list_offsets(cluster.admin, partitions, OffsetSpec.latest(),
-                          IsolationLevel.READ_COMMITTED)
+    ends = cluster.latest_offsets(partitions, IsolationLevel.READ_UNCOMMITTED)
+    stable = cluster.latest_offsets(partitions, IsolationLevel.READ_COMMITTED)
     held = sorted(((t, p, ends[(t, p)] - stable[(t, p)]) for t, p in partitions
                    if (t, p) in ends and (t, p) in stable and ends[(t, p)] > stable[(t, p)]),
                   key=lambda h: (-h[2], h[0], h[1]))

@@ -4,7 +4,8 @@ their sources, a partition's producers and segments.
 Theory of operation: the topic list comes from the cached metadata alone, so it costs
 nothing per page with thousands of topics. A topic page adds three ListOffsets answers
 for its partitions (earliest; latest read_uncommitted = high watermark; latest
-read_committed = last stable offset) and DescribeConfigs. A partition page adds
+read_committed = last stable offset); its configs (DescribeConfigs) come in a fragment
+of their own. A partition page adds
 DescribeProducers (who holds the LSO back: the producer whose open transaction starts at
 it) and, when the broker serving the console offers them, the segments.
 """
@@ -31,6 +32,14 @@ SOURCE_NAMES = {
     ConfigSource.STATIC_BROKER_CONFIG: "broker (static)",
     ConfigSource.DEFAULT_CONFIG: "default",
 }
+
+
+def source_name(source: int | ConfigSource) -> str:
+    """confluent-kafka gives the source as a plain int; Kafka's name, readable."""
+    try:
+        return SOURCE_NAMES.get(ConfigSource(source), ConfigSource(source).name.lower())
+    except ValueError:
+        return f"source {source}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,8 +88,6 @@ class TopicView:
     name: str
     internal: bool
     partitions: list[PartitionRow]
-    configs: list[ConfigRow]
-    notes: list[str]
 
 
 @dataclasses.dataclass
@@ -117,12 +124,13 @@ def partition_rows(backend: Backend, topic: str, indexes: Sequence[int]) -> list
 
 def topic_view(backend: Backend, topic: str) -> TopicView:
     indexes = backend.partitions_of(topic)
-    notes: list[str] = []
-    return TopicView(topic, topic.startswith("__"), partition_rows(backend, topic, indexes),
-                     topic_configs(backend, topic, notes), notes)
+    return TopicView(topic, topic.startswith("__"), partition_rows(backend, topic, indexes))
 
 
 def topic_configs(backend: Backend, topic: str, notes: list[str]) -> list[ConfigRow]:
+    """DescribeConfigs of the topic; a cluster that does not answer it gets a note (the
+    topic page loads them separately, so it never waits for them)."""
+    backend.partitions_of(topic)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     futures = backend.cluster().admin.describe_configs([resource],
                                                         request_timeout=ADMIN_TIMEOUT_S)
@@ -132,7 +140,7 @@ def topic_configs(backend: Backend, topic: str, notes: list[str]) -> list[Config
         notes.append(f"configs unavailable: {describe_kafka_error(exc.args[0] if exc.args else exc)}")
         return []
     return [ConfigRow(name, None if entry.is_sensitive else entry.value,
-                      SOURCE_NAMES.get(entry.source, str(entry.source).lower()),
+                      source_name(entry.source),
                       entry.is_sensitive, entry.is_read_only)
             for name, entry in sorted(entries.items())]
 

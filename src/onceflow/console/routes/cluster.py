@@ -68,6 +68,14 @@ async def topic(request: Request) -> HTMLResponse:
     return console.renderer.page(request, "topic.html", view=view)
 
 
+async def topic_configs(request: Request) -> HTMLResponse:
+    console = console_of(request)
+    notes: list[str] = []
+    configs = await blocking(topics_model.topic_configs, console.backend,
+                             request.path_params["topic"], notes)
+    return console.renderer.page(request, "fragments/configs.html", configs=configs, notes=notes)
+
+
 async def topic_events(request: Request) -> Response:
     console = console_of(request)
     name = request.path_params["topic"]
@@ -158,6 +166,7 @@ ROUTES = [
     Route("/topics", topics),
     Route("/topics/{topic}", topic),
     Route("/events/topics/{topic}", topic_events),
+    Route("/topics/{topic}/configs", topic_configs),
     Route("/topics/{topic}/{partition}", partition),
     Route("/events/topics/{topic}/{partition}", partition_events),
     Route("/topics/{topic}/{partition}/records", records),
