@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from onceflow.client.admin import ClientError
+from onceflow.client.admin import ClientError, NotFoundError
 from onceflow.console.backend import Backend
 from onceflow.spark.progress import DEFAULT_TOPIC, ProgressError, ProgressRecord
 
@@ -62,14 +62,14 @@ class PipelinesView:
 
 
 def pipelines_view(backend: Backend, topic: str = DEFAULT_TOPIC) -> PipelinesView:
-    metadata = backend.metadata()
-    found = metadata.topics.get(topic)
-    if found is None:
+    try:
+        partitions = backend.partitions_of(topic)
+    except NotFoundError:
         note = (f"no progress topic '{topic}': no exactly-once Spark sink has written to "
                 "this cluster yet")
         return PipelinesView(topic, [], [note])
     notes: list[str] = []
-    records = _read_progress(backend, topic, sorted(found.partitions), notes)
+    records = _read_progress(backend, topic, partitions, notes)
     by_query: dict[str, list[ProgressRecord]] = defaultdict(list)
     for record in records:
         by_query[record.query].append(record)
