@@ -31,7 +31,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka.admin import ClusterMetadata
 from kio.schema.errors import ErrorCode
@@ -39,6 +39,8 @@ from kio.schema.errors import ErrorCode
 from onceflow.client.admin import ClientError, require_topic
 from onceflow.client.cluster import Cluster, Partition
 from onceflow.protocol.apis import ApiKey
+
+T, K, V = TypeVar("T"), TypeVar("K"), TypeVar("V")
 
 # Kafka's transaction.max.timeout.ms default: a transaction open longer than this would
 # have been aborted by its coordinator, so it is hanging (find-hanging's default).
@@ -194,11 +196,17 @@ def describe_listed(cluster: Cluster,
     by_coordinator: dict[int, list[str]] = defaultdict(list)
     for transaction in listed:
         by_coordinator[transaction.coordinator].append(transaction.transactional_id)
-    found: dict[str, DescribedTransaction] = {}
-    for node_id, ids in sorted(by_coordinator.items()):
-        for start in range(0, len(ids), DESCRIBE_TRANSACTIONS_BATCH_MAX):
-            found.update(describe_on(cluster, node_id,
-                                     ids[start:start + DESCRIBE_TRANSACTIONS_BATCH_MAX]))
+    return _per_node(by_coordinator, DESCRIBE_TRANSACTIONS_BATCH_MAX,
+                     lambda node_id, ids: describe_on(cluster, node_id, ids))
+
+
+def _per_node(by_node: dict[int, list[T]], batch_max: int,
+              ask: Callable[[int, list[T]], dict[K, V]]) -> dict[K, V]:
+    """`ask(node, items)` for each node's items in batches of at most `batch_max`, merged."""
+    found: dict[K, V] = {}
+    for node_id, items in sorted(by_node.items()):
+        for start in range(0, len(items), batch_max):
+            found.update(ask(node_id, items[start:start + batch_max]))
     return found
 
 
@@ -230,12 +238,8 @@ def describe_producers(cluster: Cluster,
     by_leader: dict[int, list[Partition]] = defaultdict(list)
     for partition in partitions:
         by_leader[cluster.leader(partition)].append(partition)
-    found: dict[Partition, list[ProducerState]] = {}
-    for leader, owned in sorted(by_leader.items()):
-        for start in range(0, len(owned), DESCRIBE_PRODUCERS_BATCH_MAX):
-            found.update(_describe_producers_on(cluster, leader,
-                                                owned[start:start + DESCRIBE_PRODUCERS_BATCH_MAX]))
-    return found
+    return _per_node(by_leader, DESCRIBE_PRODUCERS_BATCH_MAX,
+                     lambda leader, owned: _describe_producers_on(cluster, leader, owned))
 
 
 def _describe_producers_on(cluster: Cluster, leader: int,

@@ -63,30 +63,24 @@ class Held:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TransactionRow:
-    transactional_id: str
-    coordinator: int
-    state: str
-    producer_id: int
-    producer_epoch: int
-    timeout_ms: int
+    described: DescribedTransaction     # the coordinator's view
     age_ms: int | None                  # how long the open transaction has been open
-    partitions: frozenset[Partition]
     holds: tuple[Held, ...]             # partitions whose LSO it holds back
 
     @property
     def open(self) -> bool:
-        return self.state in OPEN_STATES
+        return self.described.state in OPEN_STATES
 
     @property
     def abortable(self) -> bool:
-        return self.state == ABORTABLE_STATE
+        return self.described.state == ABORTABLE_STATE
 
     @property
     def age_ratio(self) -> float | None:
         """Age against the timeout: at 1.0 the coordinator aborts it."""
-        if self.age_ms is None or self.timeout_ms <= 0:
+        if self.age_ms is None or self.described.timeout_ms <= 0:
             return None
-        return self.age_ms / self.timeout_ms
+        return self.age_ms / self.described.timeout_ms
 
 
 @dataclasses.dataclass
@@ -111,11 +105,9 @@ def transactions_view(backend: Backend, now_ms: int) -> TransactionsView:
         if d is None:
             continue  # expired between the two requests
         age = now_ms - d.start_time_ms if d.state in OPEN_STATES and d.start_time_ms else None
-        rows.append(TransactionRow(d.transactional_id, d.coordinator, d.state, d.producer_id,
-                                   d.producer_epoch, d.timeout_ms,
-                                   None if age is None else max(age, 0), d.partitions,
+        rows.append(TransactionRow(d, None if age is None else max(age, 0),
                                    tuple(holds.get(d.transactional_id, ()))))
-    rows.sort(key=lambda r: (not r.open, -(r.age_ms or 0), r.transactional_id))
+    rows.sort(key=lambda r: (not r.open, -(r.age_ms or 0), r.described.transactional_id))
     return TransactionsView(rows, [])
 
 
