@@ -153,3 +153,33 @@ def test_an_unreachable_cluster_is_a_message_not_a_hang():
             answer = http.get(path)
             assert_sentence(answer, 502, "cannot reach a broker")
             assert time.monotonic() - started < HTTP_TIMEOUT_S
+
+
+def test_event_stream_sends_fragments_and_stops_with_the_client(console_broker):
+    bootstrap = console_broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("console-sse"))
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for _ in range(3):
+        producer.produce(topic, value=b"v", partition=0)
+    assert producer.flush(TIMEOUT_S) == 0
+    with running_console(bootstrap) as console, client(console.url) as http:
+        streams = console.app.state.console.streams   # this console's only visitor: us
+        read_one_event(http, topic, streams)
+        deadline = time.monotonic() + TIMEOUT_S
+        while streams.open and time.monotonic() < deadline:   # the server saw the close
+            time.sleep(0.1)
+        assert streams.open == 0
+
+
+def read_one_event(http: httpx.Client, topic: str, streams) -> None:
+    with http.stream("GET", f"/events/topics/{topic}/0/ends?hw=1") as events:
+        assert events.headers["content-type"].startswith("text/event-stream")
+        lines = []
+        for line in events.iter_lines():
+            lines.append(line)
+            if line == "" and any(x.startswith("data:") for x in lines):
+                break
+        assert "event: partitions" in lines
+        data = " ".join(x.removeprefix("data: ") for x in lines if x.startswith("data:"))
+        assert 'id="records-hw">3<' in data and "2 offsets written since" in data
+        assert streams.open == 1

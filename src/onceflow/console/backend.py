@@ -4,9 +4,11 @@ Theory of operation: the console is a Kafka client. It holds one `Cluster` (an
 AdminClient, the metadata, one raw connection per broker; `onceflow.client.cluster`),
 connected on first use so that a console started before its cluster - or one whose
 cluster went away - answers with a clear message and connects when it can. The metadata
-is re-read when older than `METADATA_MAX_AGE_S`, so pages show new topics and moved
-leaders without each page paying for a Metadata request. Every call here blocks: the
-web layer runs them on worker threads, never on the event loop.
+is re-read in the background when a page finds it older than `METADATA_MAX_AGE_S` (the
+page goes on with the one it has), so pages show new topics and moved leaders without
+any page waiting for a Metadata request, whose cost grows with the partition count; a
+topic not in the metadata is looked up again before it is called unknown. Every call
+here blocks: the web layer runs them on worker threads, never on the event loop.
 
 `Extras` are what a cluster offers beyond the Kafka protocol. The console served by an
 onceflow broker (`onceflow broker --console`) gets the broker's (segments of each
@@ -68,19 +70,31 @@ class Backend:
         self.extras = extras
         self._cluster: Cluster | None = None
         self._read_at = 0.0
+        self._refreshing = False
         self._lock = threading.Lock()
 
     def cluster(self) -> Cluster:
-        """The connected cluster with metadata at most METADATA_MAX_AGE_S old."""
+        """The connected cluster; its metadata is refreshed in the background when stale."""
         with self._lock:
             if self._cluster is None:
                 self._cluster = Cluster.connect(self.bootstrap_servers, self.properties,
                                                 CLIENT_ID)
                 self._read_at = time.monotonic()
-            elif time.monotonic() - self._read_at > METADATA_MAX_AGE_S:
-                self._cluster.refresh(METADATA_TIMEOUT_S)
-                self._read_at = time.monotonic()
+            elif time.monotonic() - self._read_at > METADATA_MAX_AGE_S and not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, args=(self._cluster,),
+                                 name="console-metadata", daemon=True).start()
             return self._cluster
+
+    def _refresh(self, cluster: Cluster) -> None:
+        try:
+            cluster.refresh(METADATA_TIMEOUT_S)
+        except ClientError:
+            pass  # the next page that needs the cluster says what is wrong
+        finally:
+            with self._lock:
+                self._read_at = time.monotonic()
+                self._refreshing = False
 
     def metadata(self) -> ClusterMetadata:
         return self.cluster().metadata

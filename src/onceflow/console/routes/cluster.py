@@ -125,6 +125,20 @@ async def partition_events(request: Request) -> Response:
                 lambda: topics_model.partition_view(console.backend, name, index), render)
 
 
+async def log_ends_events(request: Request) -> Response:
+    """The records page's live line: the partition's ends now, and what was written since."""
+    console = console_of(request)
+    name, index = _partition_key(request)
+    page_hw = integer(request.query_params, "hw")
+
+    def render(rows: list) -> dict[str, str]:
+        return {"partitions": console.renderer.text(request, "fragments/log_ends.html",
+                                                    row=rows[0], page_hw=page_hw)}
+
+    return live(request, console.streams, console.renderer, console.settings.refresh_interval_s,
+                lambda: topics_model.partition_rows(console.backend, name, [index]), render)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -170,5 +184,6 @@ ROUTES = [
     Route("/topics/{topic}/{partition}", partition),
     Route("/events/topics/{topic}/{partition}", partition_events),
     Route("/topics/{topic}/{partition}/records", records),
+    Route("/events/topics/{topic}/{partition}/ends", log_ends_events),
     Route("/topics/{topic}/{partition}/records/{offset}", record),
 ]
