@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.client.admin import (
     CLIENT_ID_DEFAULT,
+    METADATA_TIMEOUT_S,
     ClientError,
     connect_admin,
     fetch_metadata,
@@ -132,6 +133,8 @@ class Cluster:
 
     def leader(self, partition: Partition) -> int:
         topic, index = partition
+        if topic not in self.metadata.topics:
+            self.refresh(METADATA_TIMEOUT_S)  # the topic may be newer than our metadata
         if index not in require_topic(self.metadata, topic):
             raise ClientError(f"topic '{topic}' has no partition {index}")
         leader = self.metadata.topics[topic].partitions[index].leader
