@@ -119,6 +119,10 @@ def test_open_transaction_is_shown_live_and_in_the_records(console, console_brok
                                  (7, "marker"), (8, "open"), (9, "open"), (10, "open")]
     screenshot(browser, "records", tmp_path)
 
+    # Pages left behind close their event streams (a browser allows six connections per
+    # site: streams kept by left pages would block the next navigation).
+    wait_for(browser, lambda _d: console.app.state.console.streams.open == 1,
+             message="one event stream: the records page's")
     browser.find_element(By.ID, "show-committed").click()
     wait_for(browser, lambda d: "read_committed" in d.current_url)
     shown = [offset for offset, _status in statuses(browser)]

@@ -21,6 +21,7 @@ import datetime
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +39,8 @@ HERE = Path(__file__).parent
 # The longest a page waits for the cluster; the clients' own timeouts are shorter, this
 # bounds what they do not (a broker that accepts and never answers).
 CALL_TIMEOUT_S = 20.0
+# Calls slower than this are logged: the cluster (or the console) is struggling.
+SLOW_CALL_S = 3.0
 # Open event streams at once (each refreshes its page every interval): bounds the load a
 # forgotten wall of browser tabs puts on the cluster.
 STREAMS_MAX = 64
@@ -54,9 +57,15 @@ class BadInput(ValueError):
 async def blocking(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` on a worker thread, at most CALL_TIMEOUT_S (then TimeoutError; the
     thread finishes on its own, bounded by the clients' timeouts)."""
-    with anyio.fail_after(CALL_TIMEOUT_S):
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args),
-                                              abandon_on_cancel=True)
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(CALL_TIMEOUT_S):
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args),
+                                                  abandon_on_cancel=True)
+    finally:
+        took_s = time.monotonic() - started
+        if took_s > SLOW_CALL_S:
+            log.warning("%s took %.1f s", getattr(fn, "__qualname__", fn), took_s)
 
 
 # ---------------------------------------------------------------- templates
@@ -122,7 +131,11 @@ class Renderer:
 
     def page(self, request: Request, template: str, status_code: int = 200,
              **context: Any) -> HTMLResponse:
-        return HTMLResponse(self.text(request, template, **context), status_code)
+        # no-store: a live page is never shown from a cache, and browsers keep no-store
+        # pages out of their back/forward cache, where a page would hold its event stream
+        # (one of the six connections a browser allows per site) open after it is left.
+        return HTMLResponse(self.text(request, template, **context), status_code,
+                            headers={"Cache-Control": "no-store"})
 
     def error(self, request: Request, message: str, status: int) -> HTMLResponse:
         template = "fragments/error.html" if "hx-request" in request.headers else "error.html"
