@@ -52,9 +52,10 @@ READER_GROUP_ID = "onceflow-console-reader"
 @dataclasses.dataclass(frozen=True, slots=True)
 class Segment:
     base_offset: int
+    next_offset: int                 # exclusive end of its records
     size_bytes: int
-    first_timestamp_ms: int | None
-    active: bool
+    max_timestamp_ms: int | None     # the newest record's time; None when empty
+    active: bool                     # the segment appends go to
 
 
 class Extras(Protocol):
