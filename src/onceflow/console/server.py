@@ -9,7 +9,11 @@ tests wait for it); SIGINT/SIGTERM stop it, open event streams included, within
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -20,14 +24,31 @@ from onceflow.console.web import Streams
 
 # Open event streams never end by themselves: a stop waits this long for them.
 SHUTDOWN_TIMEOUT_S = 2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ConsoleServer(uvicorn.Server):
-    """uvicorn's server that ends the console's event streams when it shuts down."""
+    """uvicorn's server that ends the console's event streams when it shuts down, and
+    that takes SIGINT/SIGTERM as a request to stop (exit status 0, as `onceflow broker`)
+    instead of raising the signal again after its shutdown."""
 
     def __init__(self, config: uvicorn.Config, streams: Streams) -> None:
         super().__init__(config)
         self.streams = streams
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach only the main thread: the host stops us
+            return
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
 
     async def shutdown(self, sockets: list | None = None) -> None:
         self.streams.close()
