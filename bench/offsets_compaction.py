@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from onceflow.broker.embedded import Broker  # noqa: E402
-from onceflow.broker.group_runtime import OFFSETS_TOPIC  # noqa: E402
+from onceflow.broker.runtime.groups import OFFSETS_TOPIC  # noqa: E402
 
 COMMITS_DEFAULT = 1_000_000
 GROUPS_DEFAULT = 10
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result(TIMEOUT_S)
         committer = Committer(bootstrap, topic, args.groups, args.partitions)
-        runtime = broker.server.state.groups
+        runtime = broker.server.groups
         requests = args.commits // args.partitions
         every = max(args.report_every // args.partitions, 1)
         print(

@@ -21,6 +21,16 @@ run() {
     return "$rc"
 }
 
+# The architecture contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
+# come first: an upward import fails the run before any test starts. Through
+# "$bin/python", not "$bin/lint-imports", so that a bin dir holding only a python wrapper
+# (the developers' worktrees) checks the same tree that its tests import.
+"$bin/python" -c 'import sys; from importlinter.cli import lint_imports_command
+sys.exit(lint_imports_command())' --no-cache --no-logo || {
+    echo "lint-imports: an import breaks the layer contracts (above)" >&2
+    exit 1
+}
+
 if [ "$#" -gt 1 ]; then   # arguments given: one run with them
     run "${@:2}"
     exit $?

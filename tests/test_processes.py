@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from onceflow.processes import descendants, kill_tree
+from onceflow.demo.processes import descendants, kill_tree
 from tests.helpers import wait_for
 
 # A parent that starts a child which moves to its own process group and starts a grandchild;

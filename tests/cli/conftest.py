@@ -9,7 +9,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from typer.testing import CliRunner, Result
 
-from onceflow.cli.app import _register, app
+from onceflow.cli.app import app
 from tests.cli.helpers import new_topic_name
 
 ADMIN_TIMEOUT_S = 30.0
@@ -25,7 +25,6 @@ def bootstrap(onceflow_broker) -> str:
 @pytest.fixture
 def onceflow() -> Invoke:
     """`onceflow("topics", "list", input=...)`: the command run in-process, its Result."""
-    _register()  # what `main()` does before dispatching: adds every command module
     runner = CliRunner()
 
     def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:

@@ -11,7 +11,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 from typer.testing import CliRunner
 
-from onceflow.cli.app import _register, app
+from onceflow.cli.app import app
 from tests.cli.helpers import table_rows
 from tests.console.support import number_in, screenshot, text_of, wait_for
 from tests.helpers import TIMEOUT_S, create_topic, unique
@@ -20,7 +20,6 @@ WIDE = {"COLUMNS": "300"}
 
 
 def cli(*args: str):
-    _register()
     return CliRunner().invoke(app, list(args), env=WIDE)
 
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from onceflow import Broker
 from onceflow.broker.faults import parse_api, parse_error_code
-from onceflow.cli.app import _register, app
+from onceflow.cli.app import app
 from onceflow.testing import free_port
 from tests.helpers import create_topic, unique
 from tests.integration.test_idempotence_rules import log_end_offset, new_producer
@@ -315,7 +315,6 @@ def test_cli_drives_faults_and_stats_of_a_broker_process(onceflow_broker_process
     admin_port = free_port()
     process = onceflow_broker_process(args=("--admin-port", str(admin_port)))
     admin = f"http://127.0.0.1:{admin_port}"
-    _register()
     runner = CliRunner()
 
     def onceflow(*args: str):

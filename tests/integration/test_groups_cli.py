@@ -7,7 +7,7 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 from typer.testing import CliRunner
 
-from onceflow.cli.app import _register, app
+from onceflow.cli.app import app
 from tests.cli.helpers import table_rows
 from tests.helpers import TIMEOUT_S, create_topic, unique
 from tests.integration.groups_support import Records, groups_broker  # noqa: F401, F811
@@ -16,7 +16,6 @@ WIDE = {"COLUMNS": "300"}  # member ids are long: keep every table row on one li
 
 
 def _onceflow(*args: str):
-    _register()
     return CliRunner().invoke(app, list(args), env=WIDE)
 
 

@@ -17,10 +17,10 @@ import time
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.embedded import Broker
-from onceflow.broker.group_runtime.compaction import plan_compaction
-from onceflow.broker.group_runtime.log_io import append_batch, read_entries
-from onceflow.coordinator import Append, CoordinatorConfig, GroupCoordinator
-from onceflow.coordinator.records import (
+from onceflow.broker.runtime.compaction import plan_compaction
+from onceflow.broker.runtime.log_io import append_batch, read_entries
+from onceflow.groups import Append, CoordinatorConfig, GroupCoordinator
+from onceflow.groups.records import (
     GroupMetadataValue,
     MemberMetadataValue,
     OffsetCommitValue,
@@ -131,14 +131,14 @@ def test_offsets_topic_stays_bounded_under_commits(tmp_path):
         largest = 0
         with RawClient(bootstrap) as client:
             client.request(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
-            offsets_log = broker.server.state.groups.offsets_log(0)
+            offsets_log = broker.server.groups.offsets_log(0)
             for i in range(1, COMMITS + 1):
                 _commit(client, group, topic, i)
                 largest = max(largest, offsets_log.size_bytes)
             appended = offsets_log.log_end_offset  # one record per committed offset
             _wait_compacted(offsets_log)
             assert _fetch(client, group, topic) == [COMMITS] * PARTITIONS
-        compactions = len(broker.server.state.groups.compactor.history)
+        compactions = len(broker.server.groups.compactor.history)
         final = offsets_log.size_bytes
     assert appended >= COMMITS * PARTITIONS
     assert compactions > 0

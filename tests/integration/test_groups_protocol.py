@@ -15,7 +15,7 @@ import uuid
 import pytest
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.group_runtime import OFFSETS_TOPIC
+from onceflow.broker.runtime.groups import OFFSETS_TOPIC
 from tests.helpers import create_topic, unique
 from tests.integration.groups_support import FAST_GROUPS, groups_broker  # noqa: F401, F811
 from tests.kafka_raw import RawClient
@@ -184,7 +184,7 @@ def test_only_the_coordinator_node_answers():
     from onceflow.broker.embedded import Broker
 
     with Broker(nodes=2, **FAST_GROUPS) as broker:
-        runtime = broker.server.state.groups
+        runtime = broker.server.groups
         hosts = broker.bootstrap_servers.split(",")
         with RawClient(hosts[0]) as first:
             first.request(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["x"]})

@@ -85,7 +85,7 @@ def test_transaction_state_stays_bounded_and_replays(tmp_path):
                 ids[name] = (answer.producer_id, answer.producer_epoch)
             _run_transactions(client, topic, ids)
             before = _described(client, names)
-            runtime = broker.server.state.txns
+            runtime = broker.server.txns
             txn_log = runtime.partition_log(0)
             appended = txn_log.log_end_offset
             _wait_compacted(txn_log)

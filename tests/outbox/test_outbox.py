@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from typer.testing import CliRunner
 
 from onceflow import db, outbox
-from onceflow.cli.app import _register, app
+from onceflow.cli.app import app
 from onceflow.outbox import progress
 from tests.helpers import create_topic, unique, wait_for
 from tests.postgres_fixture import postgres_url  # noqa: F401
@@ -300,7 +300,6 @@ def test_publish_outside_a_transaction_is_refused(tmp_path):
 
 
 def test_cli_init_relay_status(bootstrap, tmp_path):
-    _register()
     runner, url = CliRunner(), f"sqlite:///{tmp_path / 'app.db'}"
     topic, name = create_topic(bootstrap, unique("outbox-cli")), unique("cli")
     common = ["--db", url, "--bootstrap-servers", bootstrap, "--name", name]
@@ -323,7 +322,6 @@ def test_cli_init_relay_status(bootstrap, tmp_path):
 
 
 def test_cli_reports_errors_in_one_line(tmp_path):
-    _register()
     runner = CliRunner()
     missing = runner.invoke(app, ["outbox", "status", "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     assert missing.exit_code == 1 and "no outbox 'onceflow_outbox'" in missing.output

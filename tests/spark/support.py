@@ -13,7 +13,7 @@ from typing import Self
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from onceflow.processes import kill_tree
+from onceflow.demo.processes import kill_tree
 from onceflow.spark import checkpoint as spark_checkpoint
 from tests.helpers import create_topic, unique, wait_for
 

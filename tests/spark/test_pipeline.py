@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from onceflow.cli.app import _register, app
-from onceflow.processes import descendants, kill_tree
+from onceflow.cli.app import app
+from onceflow.demo.processes import descendants, kill_tree
 from onceflow.spark import checkpoint
 from onceflow.spark.monitor import LogDisplay, ProgressTracker, offsets_behind
 from onceflow.spark.pipeline import (
@@ -41,7 +41,6 @@ from tests.spark.support import create_topic, produce, read_committed, unique, w
 from tests.test_processes import alive
 
 CLI_DRIVER_TIMEOUT_S = 240
-_register()
 
 
 def json_records(count: int, start: int = 0) -> list[tuple[bytes, bytes]]:
@@ -358,10 +357,10 @@ def test_cli_errors(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_pizza_demo_end_to_end(tmp_path: Path) -> None:
-    from onceflow import demo_pipeline
+    from onceflow.demo import pipeline as demo_pipeline
 
     orders = 1_200
-    command = [sys.executable, "-m", "onceflow.demo_pipeline", "--data-dir", str(tmp_path / "pizza"),
+    command = [sys.executable, "-m", "onceflow.demo.pipeline", "--data-dir", str(tmp_path / "pizza"),
                "--orders", str(orders), "--records-per-trigger", "400"]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=400, cwd=tmp_path,
                           env={**os.environ, "COLUMNS": "160"})
@@ -381,7 +380,7 @@ def test_pizza_demo_stopped_leaves_no_driver_behind(tmp_path: Path) -> None:
     """The demo's Spark driver runs in a session of its own (so the demo's SIGKILLs reach
     only it); a SIGTERM to the demo must still take the driver, its JVM and workers along."""
     data_dir = tmp_path / "pizza"
-    demo = subprocess.Popen([sys.executable, "-m", "onceflow.demo_pipeline", "--data-dir",
+    demo = subprocess.Popen([sys.executable, "-m", "onceflow.demo.pipeline", "--data-dir",
                              str(data_dir), "--orders", "600"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
     try:

@@ -18,8 +18,8 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.records import LogRecord
-from onceflow.coordinator.records import partition_for as group_partition_for
+from onceflow.groups.records import LogRecord
+from onceflow.groups.records import partition_for as group_partition_for
 from onceflow.txn.records import decode_key
 from onceflow.txn import (
     Appended,

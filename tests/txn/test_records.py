@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.coordinator import records as group_records
+from onceflow.groups import records as group_records
 from onceflow.txn import TopicPartition, TxnMetadata, TxnState
 from onceflow.txn import records as r
 from onceflow.txn.records import RecordFormatError, TxnLogValue

@@ -3,7 +3,7 @@
 import pytest
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.records import partition_for as group_partition_for
+from onceflow.groups.records import partition_for as group_partition_for
 from onceflow.txn import TopicPartition, TxnState
 from tests.txn.harness import FakeBroker
 

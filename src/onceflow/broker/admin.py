@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from onceflow.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from onceflow.broker.server import BrokerServer
+    from onceflow.broker.faults import FaultInjector
+    from onceflow.broker.metrics import BrokerMetrics
 
 log = logging.getLogger("onceflow.broker.admin")
 
@@ -48,20 +49,19 @@ def _json(status: int, value: Any) -> Answer:
     return status, JSON_TYPE, json.dumps(value, indent=1).encode() + b"\n"
 
 
-def route(server: BrokerServer, method: str, path: str, body: bytes) -> Answer:
+def route(faults: FaultInjector, metrics: BrokerMetrics, method: str, path: str,
+          body: bytes) -> Answer:
     """The answer to one admin request."""
     path = path.split("?", 1)[0].rstrip("/") or "/"
-    faults = server.faults
     if path == "/metrics":
         if method != "GET":
             return _json(405, {"error": "use GET"})
-        assert server.state is not None
-        return 200, METRICS_CONTENT_TYPE, server.state.metrics.render()
+        return 200, METRICS_CONTENT_TYPE, metrics.render()
     if path == "/faults":
         if method == "GET":
             return _json(200, {"rules": faults.rules(), "nodes": faults.nodes()})
         if method == "POST":
-            return _add_rule(server, body)
+            return _add_rule(faults, body)
         if method == "DELETE":
             return _json(200, {"cleared": faults.clear(), "nodes": faults.nodes()})
         return _json(405, {"error": "use GET, POST or DELETE"})
@@ -73,12 +73,12 @@ def route(server: BrokerServer, method: str, path: str, body: bytes) -> Answer:
     return _json(404, {"error": "unknown path; try /metrics or /faults"})
 
 
-def _add_rule(server: BrokerServer, body: bytes) -> Answer:
+def _add_rule(faults: FaultInjector, body: bytes) -> Answer:
     try:
         spec = json.loads(body or b"{}")
         if not isinstance(spec, dict):
             raise ValueError("the body must be a JSON object")
-        return _json(201, server.faults.add(spec))
+        return _json(201, faults.add(spec))
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
         return _json(400, {"error": str(exc)})
 
@@ -86,14 +86,16 @@ def _add_rule(server: BrokerServer, body: bytes) -> Answer:
 class AdminServer:
     """The HTTP listener (see the module docstring)."""
 
-    def __init__(self, server: BrokerServer) -> None:
-        self._server = server
+    def __init__(self, faults: FaultInjector, metrics: BrokerMetrics, advertised_host: str) -> None:
+        self._faults = faults
+        self._metrics = metrics
+        self._advertised_host = advertised_host  # for `url`
         self._listener: asyncio.base_events.Server | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://{self._server.config.advertised(0, self.port)[0]}:{self.port}"
+        return f"http://{self._advertised_host}:{self.port}"
 
     async def start(self, host: str, port: int) -> None:
         self._listener = await asyncio.start_server(self._serve, host, port,
@@ -139,4 +141,4 @@ class AdminServer:
         if not 0 <= length <= REQUEST_BODY_BYTES_MAX:
             return _json(413, {"error": f"body over {REQUEST_BODY_BYTES_MAX} bytes"})
         body = await reader.readexactly(length) if length else b""
-        return route(self._server, method.upper(), path, body)
+        return route(self._faults, self._metrics, method.upper(), path, body)

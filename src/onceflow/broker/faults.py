@@ -16,8 +16,10 @@ match on the request's API and, optionally, the node it reached; connection rule
 until cleared) or, for `refuse_connections(seconds=...)`, until its deadline. The
 first active rule that matches fires; one request meets at most one fault.
 
-The server calls two hooks, one per accepted connection (`refuses`) and one per
-request (`intercept`). `intercept` returns the handler's coroutine unchanged when no
+Two hooks: each accepted connection calls `refuses`, and the request pipeline
+(broker/pipeline.py) calls `intercept` for each request. The injector knows nothing of
+the server: `attach` hands it the cluster view, the metrics and a way to close one
+node's connections, which is all it acts on. `intercept` returns the handler's coroutine unchanged when no
 rule matches (with no rule at all, one truthiness test); otherwise a coroutine that
 does what the rule says:
 
@@ -63,8 +65,8 @@ from onceflow.protocol.apis import ApiKey
 from onceflow.protocol.codec import Request, RequestHeader, build_response, encode_response
 
 if TYPE_CHECKING:
+    from onceflow.broker.cluster import Cluster
     from onceflow.broker.metrics import BrokerMetrics
-    from onceflow.broker.server import BrokerServer
 
 __all__ = ["FAILABLE_APIS", "FaultInjector", "FaultKind", "parse_api", "parse_error_code"]
 
@@ -283,8 +285,13 @@ def _act(rule: FaultRule, request: Request, work: Work, close: Close,
 class FaultInjector:
     """The fault rules of one broker (see the module docstring). Thread-safe."""
 
-    def __init__(self, server: BrokerServer) -> None:
-        self._server = server
+    def __init__(self) -> None:
+        # What the injector acts on, given by `attach` once the broker runs: the cluster
+        # view (node up/down), the metrics (faults fired) and a way to close every
+        # connection of one node. Nothing else of the broker.
+        self._cluster: Cluster | None = None
+        self._metrics: BrokerMetrics | None = None
+        self._close_node: Callable[[int, str], None] | None = None
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []  # active, in the order they were added
         self._spent: collections.deque[FaultRule] = collections.deque(maxlen=SPENT_RULES_KEPT)
@@ -293,8 +300,11 @@ class FaultInjector:
         self._loop_thread: int | None = None
         self._crash_points: set[str] = set()
 
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Called by the server, on its loop thread, once it runs."""
+    def attach(self, loop: asyncio.AbstractEventLoop, cluster: Cluster, metrics: BrokerMetrics,
+               close_node: Callable[[int, str], None]) -> None:
+        """Called by the server, on its loop thread, once it runs. `close_node(node_id,
+        reason)` closes every connection that reached node `node_id`."""
+        self._cluster, self._metrics, self._close_node = cluster, metrics, close_node
         self._loop, self._loop_thread = loop, threading.get_ident()
 
     # -- request and connection rules (Python API) ---
@@ -385,8 +395,8 @@ class FaultInjector:
             count, self._rules = len(self._rules) + len(self._crash_points), []
             self._spent.clear()
             self._crash_points.clear()
-        if self._loop is not None and self._server.state is not None:
-            for node in self._server.state.cluster.nodes:
+        if self._loop is not None and self._cluster is not None:
+            for node in self._cluster.nodes:
                 if not node.up:
                     self.node_up(node.node_id)
         return count
@@ -402,21 +412,19 @@ class FaultInjector:
         self._on_loop(self._set_node, node_id, True)
 
     def nodes(self) -> list[dict[str, Any]]:
-        state = self._server.state
-        return [] if state is None else [
+        cluster = self._cluster
+        return [] if cluster is None else [
             {"node_id": n.node_id, "host": n.host, "port": n.port, "up": n.up}
-            for n in state.cluster.nodes]
+            for n in cluster.nodes]
 
     def _set_node(self, node_id: int, up: bool) -> None:
-        state = self._server.state
-        assert state is not None
-        if not 0 <= node_id < len(state.cluster.nodes):
-            raise ValueError(f"no node {node_id}: nodes are 0..{len(state.cluster.nodes) - 1}")
-        state.cluster.set_node_up(node_id, up)  # ValueError for the last live node
+        cluster, close_node = self._cluster, self._close_node
+        assert cluster is not None and close_node is not None, "attach() first"
+        if not 0 <= node_id < len(cluster.nodes):
+            raise ValueError(f"no node {node_id}: nodes are 0..{len(cluster.nodes) - 1}")
+        cluster.set_node_up(node_id, up)  # ValueError for the last live node
         if not up:
-            for connection in list(self._server.connections):
-                if connection.node_id == node_id:
-                    connection.close(f"fault injection: node {node_id} down")
+            close_node(node_id, f"fault injection: node {node_id} down")
 
     def _on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._loop is None:
@@ -479,7 +487,7 @@ class FaultInjector:
                     return rule.describe(True)
         return {"id": rule_id, "active": False}
 
-    # -- hooks called by the server, on its loop thread ---
+    # -- hooks called by the connections and the request pipeline, on the loop thread ---
 
     def intercept(self, request: Request, node_id: int, work: Work,
                   close: Close) -> Awaitable[bytes | None]:
@@ -490,13 +498,11 @@ class FaultInjector:
         rule = self._fire(_REQUEST_KINDS, request.header.api_key, node_id)
         if rule is None:
             return work
-        state = self._server.state
-        return _act(rule, request, work, close, None if state is None else state.metrics)
+        return _act(rule, request, work, close, self._metrics)
 
     def refuses(self, node_id: int) -> bool:
         """Whether a connection just accepted by node `node_id` must be closed at once."""
-        state = self._server.state
-        if state is not None and not state.cluster.nodes[node_id].up:
+        if self._cluster is not None and not self._cluster.nodes[node_id].up:
             return True
         if not self._rules:
             return False
@@ -516,8 +522,8 @@ class FaultInjector:
                 rule.remaining -= 1
             fired = dataclasses.replace(rule)  # a snapshot: the rule may change after
             self._retire(now)
-        if self._server.state is not None:
-            self._server.state.metrics.fault_injected(fired.kind.value, api_key)
+        if self._metrics is not None:
+            self._metrics.fault_injected(fired.kind.value, api_key)
         return fired
 
     def _retire(self, now_s: float) -> None:

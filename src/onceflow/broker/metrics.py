@@ -2,7 +2,7 @@
 
 Theory of operation. One `BrokerMetrics` per broker, on its own `CollectorRegistry`
 (several embedded brokers may live in one process, and each counts only its own
-traffic). The server calls `observe_response(api_key, body)` once per answered
+traffic). The request pipeline calls `observe_response(api_key, body)` once per answered
 request: it counts the request (Kafka's `RequestsPerSec`) and every `error_code`
 found anywhere in the response body, NONE included, labelled by request name and
 error name — Kafka's `kafka.network:type=RequestMetrics,name=ErrorsPerSec,

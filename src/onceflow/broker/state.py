@@ -3,7 +3,9 @@
 `BrokerState` owns the storage `Store`, the group committer (fsync), the cluster
 view, the producer id allocator, the metrics and the per-partition runtime state
 (fetch waiters, producer state). Everything here runs on the broker's event loop
-thread, except the fsyncs, which the group committer does on its own thread.
+thread, except the fsyncs, which the group committer does on its own thread. It knows
+nothing of the coordinators: their runtimes (broker/runtime/) sit above it and append
+through its partitions like any producer.
 
 Producer state (idempotence). Each `PartitionState` holds a `ProducerStateManager`
 that always equals a replay of its log. `PartitionState.append` is the one way
@@ -174,12 +176,6 @@ class BrokerState:
         for name, info in self.topics().items():
             for index in range(info.num_partitions):
                 self.partition(name, index)
-        # Consumer groups (issue 4). Imported here: the runtime imports this module.
-        from onceflow.broker.group_runtime import GroupRuntime
-        self.groups = GroupRuntime(self)  # started by BrokerServer.start, closed by close()
-        # Transactions (issue 5); after groups: AddOffsetsToTxn uses their partitioning.
-        from onceflow.broker.txn_runtime import TxnRuntime
-        self.txns = TxnRuntime(self)  # started by BrokerServer.start, closed by close()
 
     # -- topics -------------------------------------------------------------
 
@@ -237,8 +233,7 @@ class BrokerState:
         return sum(len(p.producers.remove_expired(now, expiration_ms)) for p in self.partitions())
 
     def close(self) -> None:
-        self.txns.close()  # transactions (issue 5): timers, marker writes
-        self.groups.close()  # consumer groups (issue 4): timers and background tasks
+        """After the coordinator runtimes are closed (they append through the partitions)."""
         for state in self._partitions.values():
             state.notify()
             # Clean shutdown: the next open loads this and replays nothing.

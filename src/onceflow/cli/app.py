@@ -1,8 +1,27 @@
-"""The `onceflow` command: one typer app, one module per command group."""
+"""The `onceflow` command: one typer app, one module per command group.
+
+Each command module builds its own typer group (or plain command functions) and imports
+nothing from here; this module only assembles them, so the whole command tree is
+visible in one place and the imports point one way (app -> commands -> clients.py's
+shared options and helpers).
+"""
 
 from __future__ import annotations
 
 import typer
+
+from onceflow.cli import (
+    broker,
+    clients,
+    console,
+    faults,
+    groups,
+    outbox,
+    pipeline,
+    stats,
+    topics,
+    txn,
+)
 
 app = typer.Typer(
     name="onceflow",
@@ -11,15 +30,19 @@ app = typer.Typer(
     add_completion=False,
 )
 
-
-def _register() -> None:
-    # Each command module adds its commands to `app`; kept in one place so the
-    # command tree is visible here.
-    from onceflow.cli import (  # noqa: F401
-        broker, clients, console, faults, groups, outbox, pipeline, stats, topics, txn,
-    )
+app.command()(clients.produce)
+app.command()(clients.consume)
+app.command("console")(console.console)
+broker.broker_app.command("stats")(stats.stats)
+app.add_typer(broker.broker_app)
+app.add_typer(faults.faults_app)
+app.add_typer(groups.groups_app)
+app.add_typer(outbox.outbox_app)
+app.add_typer(pipeline.pipeline_app)
+app.add_typer(topics.topics_app)
+app.add_typer(txn.txn_app)
+app.add_typer(txn.producers_app)
 
 
 def main() -> None:
-    _register()
     app()

@@ -6,12 +6,9 @@ from pathlib import Path
 
 import typer
 
-from onceflow.cli.app import app
-
 # A group whose callback runs the broker when no subcommand is given, so that
 # `onceflow broker --port 9092` keeps working and `onceflow broker stats` can exist.
 broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running one.")
-app.add_typer(broker_app)
 
 
 @broker_app.callback(invoke_without_command=True)
@@ -49,6 +46,7 @@ def broker(
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
     if ctx.invoked_subcommand is not None:
         return
+    # Imported here, not at the top: the other commands are clients and never load the broker.
     from onceflow.broker.config import BrokerConfig
     from onceflow.broker.main import run_broker
 

@@ -48,7 +48,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.client.admin import (  # noqa: F401 - the commands import them from here
     METADATA_TIMEOUT_S,
     ClientError,
@@ -234,7 +233,6 @@ def finish_produce(producer: Producer, tally: DeliveryTally, count: int, topic: 
                        f"after {FLUSH_TIMEOUT_S:.0f} s")
 
 
-@app.command()
 @exits_cleanly
 def produce(
     topic: Annotated[str, typer.Argument(help="Topic to write to.")],
@@ -393,7 +391,6 @@ def consume_loop(consumer: Consumer, printer: RecordPrinter, max_messages: int |
             break
 
 
-@app.command()
 @exits_cleanly
 def consume(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],

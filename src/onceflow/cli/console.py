@@ -7,13 +7,11 @@ from typing import Annotated
 
 import typer
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import BOOTSTRAP_DEFAULT, BootstrapOption, exits_cleanly
 from onceflow.client.config import read_properties
 from onceflow.console.settings import TOKEN_ENV, ConsoleSettings
 
 
-@app.command("console")
 @exits_cleanly
 def console(
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,

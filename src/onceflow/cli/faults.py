@@ -25,7 +25,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import CliError, exits_cleanly, stdout
 
 ADMIN_ENV = "ONCEFLOW_ADMIN"
@@ -48,7 +47,6 @@ faults_app = typer.Typer(
          "connections, nodes down. See docs/faults.md.",
     no_args_is_help=True,
 )
-app.add_typer(faults_app)
 
 
 def admin_request(admin: str, method: str, path: str, body: dict | None = None) -> bytes:

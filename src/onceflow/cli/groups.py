@@ -17,7 +17,6 @@ import typer
 from confluent_kafka.admin import ConsumerGroupDescription
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -50,7 +49,6 @@ groups_app = typer.Typer(
     help="List and describe consumer groups: members, assignments, offsets, lag; reset offsets.",
     no_args_is_help=True,
 )
-app.add_typer(groups_app)
 
 IsolationOption = Annotated[Isolation, typer.Option(
     "--isolation", help="Lag to the last stable offset (read_committed consumers) or to the "

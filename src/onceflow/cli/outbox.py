@@ -20,7 +20,6 @@ import typer
 from rich.table import Table
 
 from onceflow import db
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -40,7 +39,6 @@ REPORT_INTERVAL_S = 1.0
 
 outbox_app = typer.Typer(name="outbox", no_args_is_help=True,
                          help="The transactional outbox: database rows to Kafka, exactly once.")
-app.add_typer(outbox_app)
 
 DbOption = Annotated[str, typer.Option("--db", envvar=DB_ENV,
                                        help="Database URL: sqlite:///path.db or "

@@ -22,14 +22,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import CliError, exits_cleanly, stdout
 from onceflow.spark import checkpoint as checkpoints
 from onceflow.spark.session import DEFAULT_MASTER
 
 pipeline_app = typer.Typer(name="pipeline", no_args_is_help=True,
                            help="Run exactly-once pipelines on Spark; inspect their checkpoints.")
-app.add_typer(pipeline_app)
 
 # Offsets shown per query in `status` before "... and N more": a topic with hundreds of
 # partitions stays readable.

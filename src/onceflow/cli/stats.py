@@ -17,7 +17,6 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
-from onceflow.cli.broker import broker_app
 from onceflow.cli.clients import CliError, exits_cleanly, stdout
 from onceflow.cli.faults import ADMIN_DEFAULT, AdminOption, admin_request
 
@@ -59,7 +58,6 @@ def stats_tables(samples: Samples) -> list[Table]:
     ]
 
 
-@broker_app.command("stats")
 @exits_cleanly
 def stats(admin: AdminOption = ADMIN_DEFAULT) -> None:
     """Show a running broker's counters (needs the broker's --admin-port)."""

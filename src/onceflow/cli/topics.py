@@ -29,7 +29,6 @@ from confluent_kafka.admin import (
 from rich.markup import escape
 from rich.table import Column, Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -49,7 +48,6 @@ topics_app = typer.Typer(
     help="Create, list, describe and delete topics.",
     no_args_is_help=True,
 )
-app.add_typer(topics_app)
 
 
 def parse_configs(pairs: list[str]) -> dict[str, str]:

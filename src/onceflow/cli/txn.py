@@ -26,7 +26,6 @@ import typer
 from confluent_kafka import IsolationLevel
 from rich.table import Table
 
-from onceflow.cli.app import app
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
@@ -58,8 +57,6 @@ txn_app = typer.Typer(name="txn", no_args_is_help=True,
                       help="List, describe and abort transactions; find hanging ones.")
 producers_app = typer.Typer(name="producers", no_args_is_help=True,
                             help="Describe the producers a partition knows.")
-app.add_typer(txn_app)
-app.add_typer(producers_app)
 
 # ---------------------------------------------------------------- tables
 

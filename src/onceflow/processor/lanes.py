@@ -37,12 +37,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from onceflow.processor.record import Completion, Output, Record, as_outputs
-
-if TYPE_CHECKING:
-    from onceflow.processor.partition import PartitionContext
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +69,17 @@ class Mailbox:
         self.deferred.append(completion)
 
 
+class LaneOwner(Protocol):
+    """What a lane needs of its partition (partition.PartitionContext, which imports
+    this module): whether to stop taking records."""
+
+    stopping: bool
+
+
 class Lane:
     __slots__ = ("ctx", "lock", "queue", "scheduled", "started")
 
-    def __init__(self, ctx: PartitionContext) -> None:
+    def __init__(self, ctx: LaneOwner) -> None:
         self.ctx = ctx
         self.queue: deque[Record] = deque()
         self.lock = threading.Lock()

@@ -14,12 +14,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-if TYPE_CHECKING:
-    from onceflow.processor.partition import PartitionContext
+from typing import Any, NamedTuple, Protocol
 
 Headers = list[tuple[str, bytes]]
+
+
+class FinishedRecords(Protocol):
+    def post_finished(self, records: list[Record]) -> None: ...
+
+
+class RecordOwner(Protocol):
+    """What a record needs of the partition it was fetched for (its
+    partition.PartitionContext, which imports this module): where a deferred record is
+    posted once completed."""
+
+    @property
+    def mailbox(self) -> FinishedRecords: ...
 
 
 class Output(NamedTuple):
@@ -78,7 +88,7 @@ class Record:
         self._value = value
         self._headers = headers
         self._timestamp_ms = timestamp_ms
-        self._ctx: PartitionContext | None = None
+        self._ctx: RecordOwner | None = None  # the partition.PartitionContext
         self._position = offset
         self._not_before_ms = 0
         self._completion: Completion | None = None

@@ -60,6 +60,7 @@ from kio.serial.readers import tz_aware_from_i64
 from onceflow.protocol.apis import SUPPORTED, ApiKey, is_supported
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import FRAME_SIZE
+from onceflow.protocol.header import RequestHeader
 from onceflow.protocol.walker import (
     _NO_TAGS,
     _Edit,
@@ -96,14 +97,6 @@ _CORRELATION_ID = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
 # An empty tagged-field section: a zero count.
 _NO_TAGGED_FIELDS = b"\x00"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RequestHeader:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -19,12 +19,11 @@ RuntimeError / TypeError loudly.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from kio.schema.errors import ErrorCode
 
-if TYPE_CHECKING:
-    from onceflow.protocol.codec import RequestHeader
+from onceflow.protocol.header import RequestHeader
 
 __all__ = (
     "CorruptRecord",

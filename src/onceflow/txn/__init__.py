@@ -1,6 +1,6 @@
 """The transaction coordinator and the `__transaction_state` it keeps.
 
-Sans-IO, built like the group coordinator (`onceflow.coordinator`) so the broker drives both
+Sans-IO, built like the group coordinator (`onceflow.groups`) so the broker drives both
 the same way: see `coordinator.py` for the theory of operation and the broker's contract,
 `api.py` for what goes in and out, `state.py` for the state machine (and how each state
 answers each request), `handlers.py` for the request rules, `metadata.py` for the metadata

@@ -29,7 +29,7 @@ from typing import Generic, NamedTuple, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.api import Append, Appended, AppendFailed, AppendOutcome
+from onceflow.groups.api import Append, Appended, AppendFailed, AppendOutcome
 
 __all__ = [
     "Append", "AppendFailed", "AppendOutcome", "Appended", "DescribedTransaction",

@@ -47,8 +47,8 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.coordinator.records import LogRecord
-from onceflow.coordinator.timers import Timers
+from onceflow.groups.records import LogRecord
+from onceflow.groups.timers import Timers
 from onceflow.protocol.records import NO_PRODUCER_ID
 from onceflow.txn import handlers
 from onceflow.txn.api import (

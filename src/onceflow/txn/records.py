@@ -42,7 +42,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from onceflow.coordinator.records import (  # shared with the group coordinator, not duplicated
+from onceflow.groups.records import (  # shared with the group coordinator, not duplicated
     Reader,
     Record,
     RecordFormatError,

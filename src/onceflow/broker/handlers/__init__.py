@@ -14,13 +14,17 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from onceflow.broker.runtime.groups import GroupRuntime
+from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState, now_ms
 from onceflow.protocol.apis import SUPPORTED, ApiKey
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestContext:
-    broker: BrokerState
+    broker: BrokerState        # partitions, logs, producer state, topics, cluster, metrics
+    groups: GroupRuntime       # consumer groups (issue 4)
+    txns: TxnRuntime           # transactions (issue 5)
     node_id: int               # the node this connection reached
     api_key: int
     api_version: int

@@ -29,9 +29,9 @@ async def _lookup(ctx: RequestContext, key: str, key_type: int) -> dict:
     if key_type == KEY_TYPE_TRANSACTION:
         if not key:
             return _error(key, ErrorCode.invalid_request, "empty transactional id")
-        runtime = ctx.broker.txns
+        runtime = ctx.txns
     elif key_type == KEY_TYPE_GROUP:
-        runtime = ctx.broker.groups
+        runtime = ctx.groups
     else:
         return _error(key, ErrorCode.invalid_request, f"unknown key type {key_type}")
     await runtime.ensure_topic()

@@ -4,7 +4,7 @@ Each handler checks that this node coordinates the group (else NOT_COORDINATOR, 
 client looks the coordinator up again), maps the kio request of any version onto one
 `GroupCoordinator` call, lets the `GroupRuntime` persist what the call produced, and maps
 the version-independent result back onto the response of the request's version. The
-group semantics live in onceflow.coordinator; nothing here decides anything.
+group semantics live in onceflow.groups; nothing here decides anything.
 
 Version notes (Kafka's message specs):
 - JoinGroup v0 has no rebalance timeout (the coordinator then uses the session timeout);
@@ -21,7 +21,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.coordinator import (
+from onceflow.groups import (
     DescribedGroup,
     JoinGroupResult,
     LeaveGroupResult,
@@ -59,7 +59,7 @@ def _join_response(api_version: int, result: JoinGroupResult) -> dict:
 
 @handles(ApiKey.JOIN_GROUP)
 async def join_group(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is not None:
         return _join_response(ctx.api_version, JoinGroupResult(error, body.member_id))
@@ -86,7 +86,7 @@ def _sync_response(result: SyncGroupResult) -> dict:
 
 @handles(ApiKey.SYNC_GROUP)
 async def sync_group(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is not None:
         return _sync_response(SyncGroupResult(error))
@@ -104,7 +104,7 @@ async def sync_group(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.HEARTBEAT)
 async def heartbeat(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is None:
         result = await runtime.persist(runtime.coordinator.heartbeat(
@@ -130,7 +130,7 @@ def _leave_response(api_version: int, result: LeaveGroupResult) -> dict:
 
 @handles(ApiKey.LEAVE_GROUP)
 async def leave_group(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is not None:
         return _leave_response(ctx.api_version, LeaveGroupResult(error))
@@ -164,7 +164,7 @@ def _described(api_version: int, group: DescribedGroup) -> dict:
 
 
 def _describe_one(ctx: RequestContext, group_id: str) -> DescribedGroup:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(group_id, ctx.node_id)
     if error is not None:
         return DescribedGroup(group_id, error, "")
@@ -183,7 +183,7 @@ async def describe_groups(ctx: RequestContext, body) -> dict:
 @handles(ApiKey.LIST_GROUPS)
 async def list_groups(ctx: RequestContext, body) -> dict:
     """The groups this node coordinates (an admin client asks every node and merges)."""
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     result = runtime.coordinator.list_groups(getattr(body, "states_filter", ()) or (),
                                              getattr(body, "types_filter", ()) or ())
     ours = [g for g in result.groups if runtime.coordinator_node(g.group_id) == ctx.node_id]
@@ -198,7 +198,7 @@ async def list_groups(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.DELETE_GROUPS)
 async def delete_groups(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     errors = {g: runtime.route(g, ctx.node_id) for g in body.groups_names}
     ours = [g for g, error in errors.items() if error is None]
     deleted = {}

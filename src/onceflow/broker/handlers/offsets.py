@@ -1,7 +1,7 @@
 """OffsetCommit, OffsetFetch, OffsetDelete: committed offsets of consumer groups.
 
 The handlers translate each request version onto the coordinator's version-independent
-calls (onceflow.coordinator.offsets holds the rules) and back:
+calls (onceflow.groups.offsets holds the rules) and back:
 
 - OffsetCommit v2-v4 carry a retention time (-1: the broker's), v6+ a leader epoch per
   partition, v7+ the group.instance.id; v10 names topics by id (unknown ids answer
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.coordinator import (
+from onceflow.groups import (
     FetchedPartition,
     FetchedTopic,
     OffsetCommitResult,
@@ -41,7 +41,7 @@ from onceflow.coordinator import (
     TopicCommit,
     TopicPartitions,
 )
-from onceflow.coordinator.offsets import DEFAULT_RETENTION_TIME
+from onceflow.groups.offsets import DEFAULT_RETENTION_TIME
 from onceflow.protocol.codec import to_ms
 from onceflow.txn import TopicPartition
 
@@ -124,7 +124,7 @@ def _commit_response(ctx: RequestContext, topics: Sequence, result: OffsetCommit
 
 @handles(ApiKey.OFFSET_COMMIT)
 async def offset_commit(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is not None:
         return _commit_response(ctx, body.topics, OffsetCommitResult(()), error)
@@ -146,13 +146,13 @@ async def offset_commit(ctx: RequestContext, body) -> dict:
 
 def _verify_txn_offsets(ctx: RequestContext, body) -> ErrorCode | None:
     """KIP-890 part 1: is the group's offsets partition in the producer's transaction?"""
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     index = runtime.coordinator.partition_for(body.group_id)
     partition = ctx.broker.partition(runtime.topic_name, index)
     if partition is None or partition.producers.has_ongoing_transaction(body.producer_id,
                                                                           body.producer_epoch):
         return None  # no such partition: the coordinator answers; or verified before
-    error = ctx.broker.txns.verify(
+    error = ctx.txns.verify(
         body.transactional_id, body.producer_id, body.producer_epoch,
         TopicPartition(runtime.topic_name, index),
         abortable_ok=ctx.api_version >= TXN_OFFSET_ABORTABLE_MIN_VERSION)
@@ -161,7 +161,7 @@ def _verify_txn_offsets(ctx: RequestContext, body) -> ErrorCode | None:
 
 @handles(ApiKey.TXN_OFFSET_COMMIT)
 async def txn_offset_commit(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is None:
         error = _verify_txn_offsets(ctx, body)
@@ -204,7 +204,7 @@ def _fetched_topics(ctx: RequestContext, result: OffsetFetchResult,
 def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
                require_stable: bool) -> tuple[OffsetFetchResult, list[dict]]:
     """One group's offsets; unknown topic ids are answered UNKNOWN_TOPIC_ID."""
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     wanted, unknown = None, []
     if topics is not None:
         wanted = []
@@ -255,7 +255,7 @@ async def offset_fetch(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.OFFSET_DELETE)
 async def offset_delete(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.groups
+    runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is None:
         result = await runtime.persist(runtime.coordinator.offset_delete(

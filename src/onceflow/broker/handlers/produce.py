@@ -111,7 +111,7 @@ def _verify_transaction(ctx: RequestContext, partition: PartitionState,
             or partition.producers.has_ongoing_transaction(header.producer_id,
                                                            header.producer_epoch)):
         return None
-    error = ctx.broker.txns.verify(
+    error = ctx.txns.verify(
         transactional_id, header.producer_id, header.producer_epoch,
         TopicPartition(partition.topic, partition.index),
         abortable_ok=ctx.api_version >= ABORTABLE_MIN_VERSION)

@@ -92,7 +92,7 @@ async def init_producer_id(ctx: RequestContext, body) -> dict:
 
 
 async def init_transactional(ctx: RequestContext, body, transactional_id: str) -> dict:
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     error = runtime.route(transactional_id, ctx.node_id)
     if error is not None:
         return _answer(error)

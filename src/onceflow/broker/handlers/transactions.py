@@ -2,7 +2,7 @@
 DescribeProducers; WriteTxnMarkers.
 
 The handlers translate each request version onto the transaction coordinator's
-version-independent calls (onceflow.txn holds the rules; broker/txn_runtime performs their
+version-independent calls (onceflow.txn holds the rules; broker/runtime/txn.py performs their
 effects) and back:
 
 - Every request about a transactional id is answered by the node that coordinates it
@@ -80,7 +80,7 @@ async def _add_transaction(ctx: RequestContext, transactional_id: str, producer_
     failed = _precheck(ctx, partitions)
     if failed is not None:
         return failed
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     error = runtime.route(transactional_id, ctx.node_id)
     if error is not None:
         return {tp: error for tp in partitions}
@@ -128,10 +128,10 @@ async def add_partitions_to_txn(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.ADD_OFFSETS_TO_TXN)
 async def add_offsets_to_txn(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     error = runtime.route(body.transactional_id, ctx.node_id)
     if error is None:
-        await ctx.broker.groups.ensure_topic()  # the partition the markers will go to
+        await ctx.groups.ensure_topic()  # the partition the markers will go to
         result = await runtime.persist(runtime.coordinator.add_offsets_to_txn(
             transactional_id=body.transactional_id, producer_id=body.producer_id,
             producer_epoch=body.producer_epoch, group_id=body.group_id, now_ms=ctx.now_ms()))
@@ -141,7 +141,7 @@ async def add_offsets_to_txn(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.END_TXN)
 async def end_txn(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     error = runtime.route(body.transactional_id, ctx.node_id)
     if error is None:
         result = await runtime.persist(runtime.coordinator.end_txn(
@@ -174,7 +174,7 @@ def _described(txn: DescribedTransaction) -> dict:
 
 @handles(ApiKey.DESCRIBE_TRANSACTIONS)
 async def describe_transactions(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     states = []
     for transactional_id in body.transactional_ids:
         error = runtime.route(transactional_id, ctx.node_id) if transactional_id else None
@@ -188,7 +188,7 @@ async def describe_transactions(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.LIST_TRANSACTIONS)
 async def list_transactions(ctx: RequestContext, body) -> dict:
-    runtime = ctx.broker.txns
+    runtime = ctx.txns
     answer = {"throttle_time": 0, "error_code": E.none, "unknown_state_filters": [],
               "transaction_states": []}
     if runtime.topic() is None:
@@ -249,7 +249,7 @@ async def _write_marker(ctx: RequestContext, marker) -> dict[TopicPartition, Err
         write = MarkerWrite("", marker.producer_id, marker.producer_epoch,
                             marker.transaction_result, marker.coordinator_epoch,
                             tuple(writable))
-        errors.update(await ctx.broker.txns.write_markers_and_wait(write))
+        errors.update(await ctx.txns.write_markers_and_wait(write))
     return errors
 
 

@@ -1,0 +1,194 @@
+"""The connection pump: socket bytes in, frames to the request pipeline, answers out in order.
+
+Theory of operation. A connection is an `asyncio.BufferedProtocol` around a sans-IO
+`FrameReader`: the socket reads straight into the buffers the reader hands out (a large
+request's body lands in its own pooled buffer, never copied again: protocol/framing.py),
+and every complete frame goes to `RequestPipeline.start` (broker/pipeline.py) at once, in
+arrival order; the work it returns starts as a task then (so the handlers' synchronous
+parts - the appends - run in that order). Answers are written strictly in request order
+by one writer coroutine per connection, as Kafka guarantees; once a request is answered
+its frame goes back to the shared `BufferPool`. At most
+`CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection are in the broker; past that
+the connection stops reading until one is answered.
+
+A peer that breaks the protocol (bad frame size, undecodable request, unknown API or
+version other than ApiVersions) has its connection closed; other connections carry on.
+A handler that raises is a bug of ours: it is logged with its traceback, counted, and
+that connection is closed.
+
+`Connections` is what the connections of one broker share - the pipeline, the frame
+pool, the fault injector's `refuses` hook - and the set of open ones, which fault
+injection (a node going down) and shutdown close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+
+from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX
+from onceflow.broker.pipeline import Answer, Peer, RequestPipeline
+from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
+from onceflow.protocol.framing import BufferPool, FrameReader
+
+log = logging.getLogger("onceflow.broker")
+
+
+class Connections:
+    """The open connections of one broker process and what they share."""
+
+    def __init__(self, pipeline: RequestPipeline, refuses: Callable[[int], bool],
+                 frame_bytes_max: int) -> None:
+        self.pipeline = pipeline
+        self.refuses = refuses  # FaultInjector.refuses: close a just-accepted connection?
+        self.frame_bytes_max = frame_bytes_max
+        self.frame_pool = BufferPool()  # large request frames, shared by all connections
+        self.open: set[Connection] = set()
+        self.handler_failures = 0
+
+    def accept(self, node_id: int) -> Connection:
+        """The protocol of a connection just accepted by node `node_id`'s listener."""
+        return Connection(self, node_id)
+
+    def close_node(self, node_id: int, reason: str) -> None:
+        for connection in list(self.open):
+            if connection.node_id == node_id:
+                connection.close(reason)
+
+    def close_all(self, reason: str) -> None:
+        for connection in list(self.open):
+            connection.close(reason)
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, shared: Connections, node_id: int) -> None:
+        self._shared = shared
+        self._pipeline = shared.pipeline
+        self._peer = Peer(node_id)
+        self._frames = FrameReader(shared.frame_bytes_max, shared.frame_pool)
+        # (answer, frame) per request in the broker, oldest first.
+        self._pending: collections.deque[
+            tuple[asyncio.Future[Answer | bytes], bytes | memoryview]] = collections.deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+        self._closed = False
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    @property
+    def node_id(self) -> int:
+        return self._peer.node_id
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  (uvloop's is not a subclass)
+        if self._shared.refuses(self.node_id):
+            self._drop("fault injection: connection refused")
+            return
+        self._peer.client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
+        self._shared.open.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._shared.open.discard(self)
+        self._can_write.set()
+        for task, _frame in self._pending:
+            task.cancel()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closed:
+            return
+        try:
+            self._frames.buffer_updated(nbytes)
+            while (frame := self._frames.next_frame()) is not None:
+                self._start(frame)
+                if self._closed:
+                    return
+        except ProtocolError as exc:
+            self._drop(f"protocol error: {exc}")
+
+    # -- requests ---------------------------------------------------------
+
+    def _start(self, frame: bytes | memoryview) -> None:
+        try:
+            work = self._pipeline.start(frame, self._peer, self._drop)
+        except UnsupportedVersion as exc:
+            self._drop(f"unsupported API {exc.header.api_key} v{exc.header.api_version}")
+            return
+        if isinstance(work, bytes):  # answered by the pipeline itself
+            self._enqueue(_done(work), frame)
+        else:
+            self._enqueue(asyncio.ensure_future(work), frame)
+
+    def _enqueue(self, future: asyncio.Future[Answer | bytes], frame: bytes | memoryview) -> None:
+        self._pending.append((future, frame))
+        if len(self._pending) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX and not self._reading_paused:
+            self._reading_paused = True
+            assert self._transport is not None
+            self._transport.pause_reading()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_responses())
+
+    async def _write_responses(self) -> None:
+        while self._pending and not self._closed:
+            try:
+                payload = await self._pending[0][0]
+            except asyncio.CancelledError:
+                return
+            except Exception:
+                log.exception("handler failed; closing the connection")
+                self._shared.handler_failures += 1
+                self._drop("handler failure")
+                return
+            # The handler is done with the request: its frame may serve another one
+            # (the pool checks that no view of it is left).
+            self._shared.frame_pool.give(self._pending.popleft()[1])
+            # The client may have gone while the handler ran (its answer was already done,
+            # so connection_lost could not cancel it): a closed uvloop transport raises on
+            # write, and nobody is left to read the answer anyway.
+            if payload is not None and self._transport is not None and not self._closed:
+                if isinstance(payload, list):   # scatter-gather: records are not copied
+                    self._transport.writelines(payload)
+                else:
+                    self._transport.write(payload)
+                await self._can_write.wait()
+            if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
+                self._reading_paused = False
+                if self._transport is not None and not self._closed:
+                    self._transport.resume_reading()
+
+    def _drop(self, reason: str) -> None:
+        log.info("closing connection to node %d: %s", self.node_id, reason)
+        self._closed = True
+        for task, _frame in self._pending:   # nobody will read their answers
+            task.cancel()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self, reason: str = "broker shutting down") -> None:
+        self._drop(reason)
+
+
+def _client_host(transport: asyncio.BaseTransport) -> str:
+    """Kafka's client host: "/" + the peer's IP address (issue 4: DescribeGroups)."""
+    peer = transport.get_extra_info("peername")
+    return f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
+
+
+def _done(payload: bytes) -> asyncio.Future[Answer | bytes]:
+    future: asyncio.Future[Answer | bytes] = asyncio.get_running_loop().create_future()
+    future.set_result(payload)
+    return future

@@ -1,0 +1,126 @@
+"""The request pipeline: one request, from its frame to its encoded answer.
+
+    frame -> decode -> authenticate -> authorize -> fault injection -> handler -> encode
+
+Theory of operation. The connection (broker/connection.py) only moves bytes: it cuts
+frames, hands each to `RequestPipeline.start` in arrival order and writes the answers
+in request order. Every stage in between lives here, each small enough to test alone:
+
+- decode (`decode`): the frame becomes a `Request` with its kio body. An ApiVersions
+  request of a version the broker does not speak is answered right here with Kafka's v0
+  fallback (bytes). Any other unsupported API raises `UnsupportedVersion`, a malformed
+  frame `ProtocolError`: the connection closes, as Kafka does.
+- authenticate, authorize (`authenticate`, `authorize`): every request passes today.
+  They are the slots for SASL authentication and ACL checks, which will answer or close
+  before a handler runs.
+- fault injection (`FaultInjector.intercept`, broker/faults.py): hands the work back
+  untouched unless a rule fires (with no rule, one truthiness test).
+- handler (`respond`): the API's handler (broker/handlers/) with a `RequestContext`;
+  the answered request is counted in the metrics.
+- encode (`encode`): the response as buffers for `writelines` (records are not
+  copied), or None when Kafka sends no answer (Produce with acks=0).
+
+`start` decodes and admits a request synchronously; the connection schedules the work it
+returns as a task, in arrival order, so the handlers' synchronous parts (the appends) run
+in request order while fsync waits and long polls overlap.
+
+Cost on the hot path, per request: one `RequestContext` and one coroutine (`respond`),
+as before the stages had names; the two empty stages are plain calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
+
+from onceflow.broker.faults import FaultInjector
+from onceflow.broker.handlers import HANDLERS, Handler, RequestContext
+from onceflow.broker.runtime.groups import GroupRuntime
+from onceflow.broker.runtime.txn import TxnRuntime
+from onceflow.broker.state import BrokerState
+from onceflow.protocol.apis import ApiKey
+from onceflow.protocol.codec import (
+    Request,
+    RequestHeader,
+    api_versions_fallback,
+    build_response,
+    decode_request,
+    encode_response_chunks,
+)
+from onceflow.protocol.errors import UnsupportedVersion
+
+# An encoded answer: buffers for `writelines`, or None when nothing is sent.
+Answer = list[bytes | memoryview] | None
+
+
+@dataclasses.dataclass(slots=True)
+class Peer:
+    """What the pipeline knows of the connection a request came on; one per connection
+    (authentication will keep the principal here)."""
+
+    node_id: int           # the node this connection reached
+    client_host: str = ""  # "/<peer ip>", as Kafka reports members (issue 4)
+
+
+def decode(frame: bytes | memoryview) -> Request | bytes:
+    """The request in `frame`, or the encoded answer to an ApiVersions request of a version
+    the broker does not speak. Raises UnsupportedVersion (any other API) and
+    ProtocolError (malformed frame): the connection is closed for both."""
+    try:
+        return decode_request(frame)
+    except UnsupportedVersion as exc:
+        if exc.header.api_key != ApiKey.API_VERSIONS:
+            raise
+        return api_versions_fallback(exc.header)
+
+
+def authenticate(request: Request, peer: Peer) -> None:
+    """Stage slot for authentication (SASL): every request passes for now."""
+
+
+def authorize(request: Request, peer: Peer) -> None:
+    """Stage slot for authorization (ACLs): every request passes for now."""
+
+
+def encode(header: RequestHeader, body: dict | None) -> Answer:
+    """A handler's plain-data answer as response frame buffers; None: no response."""
+    if body is None:
+        return None
+    return encode_response_chunks(header, build_response(header, **body))
+
+
+class RequestPipeline:
+    """The stages above, over one broker's state, coordinator runtimes and faults."""
+
+    def __init__(self, state: BrokerState, groups: GroupRuntime, txns: TxnRuntime,
+                 faults: FaultInjector, handlers: Mapping[int, Handler] = HANDLERS) -> None:
+        self._state = state
+        self._groups = groups
+        self._txns = txns
+        self._faults = faults
+        self._handlers = handlers
+        self._metrics = state.metrics
+
+    def start(self, frame: bytes | memoryview, peer: Peer,
+              close: Callable[[str], None]) -> Awaitable[Answer | bytes] | bytes:
+        """Decode and admit one request: the work that answers it (to run as a task), or
+        an answer already encoded. `close(reason)` closes the connection (faults)."""
+        request = decode(frame)
+        if isinstance(request, bytes):
+            return request
+        authenticate(request, peer)
+        authorize(request, peer)
+        return self._faults.intercept(request, peer.node_id, self.respond(request, peer), close)
+
+    async def respond(self, request: Request, peer: Peer) -> Answer:
+        """Run the request's handler; its encoded answer."""
+        header = request.header
+        handler = self._handlers.get(header.api_key)
+        if handler is None:  # advertised in apis.SUPPORTED but not implemented: our bug
+            raise RuntimeError(f"no handler for API key {header.api_key}")
+        ctx = RequestContext(self._state, self._groups, self._txns, peer.node_id,
+                             header.api_key, header.api_version, header.client_id,
+                             peer.client_host)
+        body = await handler(ctx, request.body)
+        self._metrics.observe_response(header.api_key, body)
+        return encode(header, body)
