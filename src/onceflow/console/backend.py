@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Producer
@@ -58,12 +58,21 @@ class Segment:
     active: bool                     # the segment appends go to
 
 
+class SegmentLike(Protocol):
+    """A segment as the page shows it: `Segment`, or the broker's own value of that shape."""
+
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    max_timestamp_ms: int | None
+    active: bool
+
+
 class Extras(Protocol):
     """What an onceflow broker serving the console offers beyond the Kafka protocol."""
 
-    def segments(self, topic: str, partition: int) -> list[Segment] | None:
-        """The partition's segments, oldest first; None when the broker has no such partition."""
-        ...
+    # The partition's segments, oldest first; None when the broker has no such partition.
+    segments: Callable[[str, int], Sequence[SegmentLike] | None]
 
 
 class Backend:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import ConfigResource, ConfigSource, OffsetSpec
 from onceflow.client.admin import ClientError, NotFoundError, describe_kafka_error
 from onceflow.client.cluster import Partition, list_offsets
 from onceflow.client.transactions import NO_OFFSET, ProducerState, describe_producers
-from onceflow.console.backend import Backend, Segment
+from onceflow.console.backend import Backend, SegmentLike
 
 ADMIN_TIMEOUT_S = 10.0
 # What the console calls each DescribeConfigs source (Kafka's names, readable).
@@ -96,7 +96,7 @@ class PartitionView:
     row: PartitionRow
     producers: list[ProducerState]
     holder: ProducerState | None        # whose open transaction holds the LSO
-    segments: list[Segment] | None      # None: the cluster does not offer them
+    segments: Sequence[SegmentLike] | None   # None: the cluster does not offer them
     notes: list[str]
 
 
