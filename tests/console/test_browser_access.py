@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -34,6 +35,7 @@ def test_console_works_against_three_nodes(three_nodes, browser, tmp_path):
                .list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions.values()}
     assert len(set(leaders.values())) == 3          # one partition on each node
     partition = next(p for p, leader in leaders.items() if leader != 0)
+    other = next(p for p in leaders if p != partition)    # for traffic on the charts
     producer = Producer({"bootstrap.servers": bootstrap,
                          "transactional.id": f"nodes-{uuid.uuid4().hex[:8]}"})
     producer.init_transactions(TIMEOUT_S)
@@ -46,6 +48,21 @@ def test_console_works_against_three_nodes(three_nodes, browser, tmp_path):
             wait_for(browser, lambda d: number_in(d, "#nodes-count") == 3, message="3 nodes")
             wait_for(browser, lambda d: number_in(d, "#held-total") == 1,
                      message="the open transaction in the overview's sample")
+            series = console.app.state.console.series
+            plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+
+            def traffic_charted(_d) -> bool:   # records flow in while samples accumulate
+                for _ in range(200):
+                    plain.produce(topic, value=b"v", partition=other)
+                plain.flush(TIMEOUT_S)
+                points = series.points()
+                return len(points) >= 3 and points[-1].in_per_s > 0
+
+            wait_for(browser, traffic_charted, timeout_s=30, message="a few samples")
+            wait_for(browser, lambda d: d.execute_script(
+                "return document.querySelectorAll('#chart-rates canvas, #chart-held canvas')"
+                ".length") == 2, message="both charts drawn")
+            time.sleep(2 * console.app.state.console.settings.refresh_interval_s)
             screenshot(browser, "overview", tmp_path)
             browser.get(f"{console.url}/topics/{topic}")
             leader_cells = browser.execute_script("""
