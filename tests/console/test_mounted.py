@@ -5,9 +5,9 @@ only the broker knows."""
 from __future__ import annotations
 
 import signal
-import time
 import subprocess
 import sys
+import time
 
 import httpx
 from confluent_kafka import Producer
