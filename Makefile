@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench clean
 
-$(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh scripts/java-clients.sh tests/js/package.json
+$(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh scripts/java-clients.sh tests/js/package.json \
+          scripts/console-assets.sh web/package-lock.json
 	bash scripts/setup.sh $(PYTHON) $(VENV)
 	touch $(STAMP)
 

@@ -23,10 +23,15 @@ missing=()
 command -v kcat >/dev/null || missing+=(kcat)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+# The web console's browser tests drive Debian's Chromium through its chromedriver.
+command -v chromium >/dev/null || missing+=(chromium fonts-dejavu-core)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [ "${#missing[@]}" -gt 0 ]; then
     bash "$(dirname "$0")/system-packages.sh" "${missing[@]}"
 fi
 (cd "$(dirname "$0")/../tests/js" && npm install --no-audit --no-fund --silent)
+# The web console's JavaScript (htmx, its SSE extension, uPlot) from npm, into the package.
+bash "$(dirname "$0")/console-assets.sh"
 
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # Imported lazily so that `import onceflow.protocol` stays free of the broker.
     if name == "Broker":
-        from onceflow.broker.embedded import Broker
+        from onceflow.node import Broker  # the embedded broker, with console=True
 
         return Broker
     raise AttributeError(name)

@@ -10,7 +10,7 @@ import struct
 import pytest
 from kio.serial import entity_writer
 
-from onceflow.cli.txn import (
+from onceflow.client.transactions import (
     NO_OFFSET,
     DescribedTransaction,
     ProducerState,

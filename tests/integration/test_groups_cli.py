@@ -1,4 +1,4 @@
-"""`onceflow groups list|describe` against a broker with a live consumer group."""
+"""`onceflow groups list|describe|reset-offsets` against a broker with a live consumer group."""
 
 from __future__ import annotations
 
@@ -52,9 +52,9 @@ def test_list_and_describe_show_members_offsets_and_lag(groups_broker):
         members = [row for row in rows if len(row) == 5]
         assert len(members) == 1
         assert members[0][2:] == ["cli-test-consumer", "/127.0.0.1", f"{topic}:0,1"]
-        offsets = [row for row in rows if len(row) == 6]
-        assert offsets == [[topic, "0", "5", "5", "0", "cli-test-consumer"],
-                           [topic, "1", "2", "5", "3", "cli-test-consumer"]]
+        offsets = [row for row in rows if len(row) == 7]
+        assert offsets == [[topic, "0", "5", "5", "5", "0", "cli-test-consumer"],
+                           [topic, "1", "2", "5", "5", "3", "cli-test-consumer"]]
         assert "total lag 3" in described.stdout
     finally:
         consumer.close()
@@ -62,3 +62,32 @@ def test_list_and_describe_show_members_offsets_and_lag(groups_broker):
     unknown = _onceflow("groups", "describe", unique("nobody"), "-b", bootstrap)
     assert unknown.exit_code == 1
     assert "unknown group" in unknown.stderr
+
+
+def test_reset_offsets_dry_run_then_execute(groups_broker):
+    bootstrap = groups_broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("cli-reset"), 2)
+    group = unique("cli-reset-group")
+    Records(bootstrap, topic, 2).produce(10)  # 5 records per partition
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    committer.commit(offsets=[TopicPartition(topic, 0, 4), TopicPartition(topic, 1, 5)],
+                     asynchronous=False)
+    committer.close()
+
+    plan = _onceflow("groups", "reset-offsets", group, "-b", bootstrap, "--shift-by", "-3")
+    assert plan.exit_code == 0, plan.output
+    assert [r for r in table_rows(plan.stdout) if len(r) == 4] == [[topic, "0", "4", "1"],
+                                                                  [topic, "1", "5", "2"]]
+    assert "add --execute" in plan.stdout
+    unchanged = _onceflow("groups", "describe", group, "-b", bootstrap)
+    assert "total lag 1" in unchanged.stdout
+
+    done = _onceflow("groups", "reset-offsets", group, "-b", bootstrap, "--to-offset", "99",
+                     "--topic", topic, "--execute")
+    assert done.exit_code == 0, done.output
+    assert [r[3] for r in table_rows(done.stdout) if len(r) == 4] == ["5", "5"]  # clamped
+    assert "total lag 0" in _onceflow("groups", "describe", group, "-b", bootstrap).stdout
+
+    both = _onceflow("groups", "reset-offsets", group, "-b", bootstrap, "--to-earliest",
+                     "--to-latest")
+    assert both.exit_code == 1 and "exactly one of" in both.stderr

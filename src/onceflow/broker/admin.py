@@ -9,7 +9,9 @@
 
 Theory of operation. It runs on the broker's event loop, next to the Kafka listeners,
 and only when `admin_port` is set (it has no authentication: bind it to a trusted
-interface). Each connection carries one HTTP/1.1 request and is closed after the
+interface). The composition root may serve another `AdminFrontend` on the admin port
+instead - the web console, which answers `/metrics` and `/faults` with the same `route`
+handed to it in an `AdminContext`; the broker never imports it. Each connection carries one HTTP/1.1 request and is closed after the
 answer. `route()` is a pure function from (method, path, body) to (status, content
 type, body) over the broker's `FaultInjector` and `BrokerMetrics`; the socket code
 around it only reads a bounded request and writes the answer. Invalid rules are
@@ -19,9 +21,11 @@ answered 400 with {"error": "..."}; nothing a peer sends can raise past `_serve`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from onceflow.broker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -83,8 +87,47 @@ def _add_rule(faults: FaultInjector, body: bytes) -> Answer:
         return _json(400, {"error": str(exc)})
 
 
+class SegmentView(NamedTuple):
+    """One segment of a partition, as an admin frontend shows it."""
+
+    base_offset: int
+    next_offset: int          # exclusive end of its records
+    size_bytes: int
+    max_timestamp_ms: int     # the newest record's timestamp (-1: none yet)
+    active: bool              # the segment appends go to
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminContext:
+    """What the broker hands a frontend served on its admin port."""
+
+    answer: Callable[[str, str, bytes], Answer]   # /metrics and /faults: `route`, bound
+    bootstrap_servers: str
+    host: str                                     # where the admin port binds
+    # A partition's segments (None: no such partition); callable from any thread but
+    # the broker's loop thread.
+    segments: Callable[[str, int], list[SegmentView] | None]
+
+
+class AdminFrontend(Protocol):
+    """What the broker starts on its admin port: `AdminServer`, or what a factory given
+    to the broker by its composition root builds from an `AdminContext`."""
+
+    title: str      # what it is, for the startup line ("admin endpoint", ...)
+    url: str        # after start()
+
+    async def start(self, host: str, port: int) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+AdminFrontendFactory = Callable[[AdminContext], AdminFrontend]
+
+
 class AdminServer:
     """The HTTP listener (see the module docstring)."""
+
+    title = "admin endpoint (faults, metrics)"
 
     def __init__(self, faults: FaultInjector, metrics: BrokerMetrics, advertised_host: str) -> None:
         self._faults = faults

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from onceflow.broker.admin import AdminFrontendFactory
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.server import BrokerServer
@@ -38,7 +39,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class Broker:
-    def __init__(self, data_dir: str | Path | None = None, *, port: int = 0, **settings: Any) -> None:
+    def __init__(self, data_dir: str | Path | None = None, *, port: int = 0,
+                 admin_frontend: AdminFrontendFactory | None = None, **settings: Any) -> None:
+        # admin_frontend: what serves the admin port instead of the plain admin endpoint
+        # (`onceflow.node.Broker(console=True)` passes the web console).
+        self._admin_frontend = admin_frontend
         self._temporary = data_dir is None
         directory = Path(tempfile.mkdtemp(prefix="onceflow-")) if data_dir is None else Path(data_dir)
         self.config = BrokerConfig(data_dir=directory, port=port, **settings)
@@ -85,7 +90,7 @@ class Broker:
     def _run(self, ready: threading.Event) -> None:
         loop = self._loop = new_event_loop()
         asyncio.set_event_loop(loop)
-        server = BrokerServer(self.config)
+        server = BrokerServer(self.config, self._admin_frontend)
         try:
             loop.run_until_complete(server.start())
             self._server = server

@@ -12,13 +12,15 @@ import ctypes.util
 import logging
 import signal
 
+from onceflow.broker.admin import AdminFrontendFactory
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.embedded import new_event_loop
 from onceflow.broker.server import BrokerServer
 
 
-async def serve(config: BrokerConfig, ready_message: bool = True) -> None:
-    server = BrokerServer(config)
+async def serve(config: BrokerConfig, ready_message: bool = True,
+                admin_frontend: AdminFrontendFactory | None = None) -> None:
+    server = BrokerServer(config, admin_frontend)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -27,6 +29,8 @@ async def serve(config: BrokerConfig, ready_message: bool = True) -> None:
     if ready_message:
         # One line on stdout that scripts (and tests) can wait for.
         print(f"onceflow broker listening on {server.bootstrap_servers}", flush=True)
+        if admin_frontend is not None and server.admin is not None:
+            print(f"{server.admin.title} at {server.admin.url}", flush=True)
     await stop.wait()
     await server.stop()
 
@@ -62,12 +66,12 @@ def keep_freed_memory() -> bool:
                 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
 
 
-def run_broker(config: BrokerConfig) -> None:
+def run_broker(config: BrokerConfig, admin_frontend: AdminFrontendFactory | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not keep_freed_memory():
         logging.getLogger("onceflow.broker").info("malloc tuning unavailable (not glibc)")
     loop = new_event_loop()
     try:
-        loop.run_until_complete(serve(config))
+        loop.run_until_complete(serve(config, admin_frontend=admin_frontend))
     finally:
         loop.close()

@@ -22,9 +22,17 @@ closed (they append through the partitions), then the state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
-from onceflow.broker.admin import AdminServer
+from onceflow.broker.admin import (
+    AdminContext,
+    AdminFrontend,
+    AdminFrontendFactory,
+    AdminServer,
+    SegmentView,
+    route,
+)
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.connection import Connections
@@ -38,6 +46,10 @@ from onceflow.broker.state import BrokerState
 log = logging.getLogger("onceflow.broker")
 
 
+# How long a frontend's thread waits for the loop to read a partition's segments.
+ADMIN_CALL_TIMEOUT_S = 10.0
+
+
 async def _every(interval_ms: int, job) -> None:
     """Run `job()` every `interval_ms`, for ever (cancelled at stop)."""
     while True:
@@ -48,15 +60,18 @@ async def _every(interval_ms: int, job) -> None:
 class BrokerServer:
     """All listeners of one broker process and the parts they share."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig,
+                 admin_frontend: AdminFrontendFactory | None = None) -> None:
         self.config = config
+        # What serves the admin port: the composition root's (the web console), else ours.
+        self._admin_frontend = admin_frontend
         self.faults = FaultInjector()
         # Built by start():
         self.state: BrokerState | None = None
         self.groups: GroupRuntime | None = None  # consumer groups (issue 4)
         self.txns: TxnRuntime | None = None  # transactions (issue 5)
         self.connections: Connections | None = None
-        self.admin: AdminServer | None = None
+        self.admin: AdminFrontend | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._housekeeping: list[asyncio.Future[None]] = []
         load_all()
@@ -103,11 +118,30 @@ class BrokerServer:
         for server in self._servers:
             await server.start_serving()
         if self.config.admin_port is not None:
-            self.admin = AdminServer(self.faults, state.metrics,
-                                     self.config.advertised(0, self.config.admin_port)[0])
+            if self._admin_frontend is None:
+                self.admin = AdminServer(self.faults, state.metrics,
+                                         self.config.advertised(0, self.config.admin_port)[0])
+            else:
+                self.admin = self._admin_frontend(self._admin_context(loop, state))
             await self.admin.start(self.config.host, self.config.admin_port)
-            log.info("admin endpoint (faults, metrics) on %s", self.admin.url)
+            log.info("%s on %s", self.admin.title, self.admin.url)
         log.info("onceflow broker up: %s (data dir %s)", self.bootstrap_servers, self.config.data_dir)
+
+    def _admin_context(self, loop: asyncio.AbstractEventLoop, state: BrokerState) -> AdminContext:
+        async def on_loop(topic: str, index: int) -> list[SegmentView] | None:
+            partition = state.partition(topic, index)
+            if partition is None:
+                return None
+            infos = partition.log.segment_infos()
+            return [SegmentView(*info, active=n == len(infos) - 1) for n, info in enumerate(infos)]
+
+        def segments(topic: str, index: int) -> list[SegmentView] | None:
+            # The partition's log belongs to the loop: read it there.
+            return asyncio.run_coroutine_threadsafe(on_loop(topic, index), loop).result(
+                ADMIN_CALL_TIMEOUT_S)
+
+        return AdminContext(functools.partial(route, self.faults, state.metrics),
+                            self.bootstrap_servers, self.config.host, segments)
 
     def _accept(self, node_id: int):
         assert self.connections is not None  # listeners accept only once it exists

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import typer
 
-from onceflow.cli import broker, clients, faults, groups, outbox, pipeline, stats, topics, txn
+from onceflow.cli import (
+    broker,
+    clients,
+    console,
+    faults,
+    groups,
+    outbox,
+    pipeline,
+    stats,
+    topics,
+    txn,
+)
 
 app = typer.Typer(
     name="onceflow",
@@ -21,6 +32,7 @@ app = typer.Typer(
 
 app.command()(clients.produce)
 app.command()(clients.consume)
+app.command("console")(console.console)
 broker.broker_app.command("stats")(stats.stats)
 app.add_typer(broker.broker_app)
 app.add_typer(faults.faults_app)

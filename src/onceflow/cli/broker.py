@@ -6,6 +6,12 @@ from pathlib import Path
 
 import typer
 
+from onceflow.cli.clients import exits_cleanly
+from onceflow.console.settings import TOKEN_ENV, ConsoleSettings
+
+# The admin port `--console` uses when none is given (the CLI's faults/stats default).
+CONSOLE_ADMIN_PORT = 9644
+
 # A group whose callback runs the broker when no subcommand is given, so that
 # `onceflow broker --port 9092` keeps working and `onceflow broker stats` can exist.
 broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running one.")
@@ -27,6 +33,12 @@ def broker(
     admin_port: int = typer.Option(
         None, "--admin-port", min=0,
         help="Serve fault injection and Prometheus /metrics over HTTP on this port (off by default)."),
+    console: bool = typer.Option(
+        False, "--console",
+        help=f"Serve the web console on the admin port (--admin-port, default {CONSOLE_ADMIN_PORT})."),
+    console_token: str = typer.Option(
+        None, "--console-token", envvar=TOKEN_ENV, show_envvar=True,
+        help="The console's login token (needed when --host is beyond localhost)."),
     # consumer groups (issue 4)
     offsets_topic_partitions: int = typer.Option(
         50, "--offsets-topic-partitions", min=1, help="Partitions of __consumer_offsets."),
@@ -60,6 +72,14 @@ def broker(
     from onceflow.broker.config import BrokerConfig
     from onceflow.broker.main import run_broker
 
+    frontend = None
+    if console:
+        # The composition root: the broker gets the console as a factory and never imports
+        # it (docs/architecture.md). Imported here for the same reason as the broker.
+        from onceflow.console.mount import broker_frontend
+        frontend = broker_frontend(console_token)
+        admin_port = CONSOLE_ADMIN_PORT if admin_port is None else admin_port
+        check_console_settings(host, console_token)
     config = BrokerConfig(
         data_dir=data_dir, host=host, port=port, nodes=nodes, advertised_host=advertised_host,
         advertised_port=advertised_port, fsync=fsync, num_partitions=num_partitions,
@@ -73,4 +93,10 @@ def broker(
         consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
         consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
     )
-    run_broker(config)
+    run_broker(config, frontend)
+
+
+@exits_cleanly
+def check_console_settings(host: str, token: str | None) -> None:
+    """The console's binding rules, checked before the broker starts (one line if not)."""
+    ConsoleSettings("-", host=host, token=token)

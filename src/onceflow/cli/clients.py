@@ -18,11 +18,9 @@ import contextlib
 import enum
 import functools
 import json
-import logging
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, ParamSpec, TypeVar
@@ -38,7 +36,6 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ClusterMetadata
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -51,15 +48,26 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from onceflow.client.admin import (  # noqa: F401 - the commands import them from here
+    METADATA_TIMEOUT_S,
+    ClientError,
+    ClientErrors,
+    client_config,
+    connect_admin,
+    describe_kafka_error,
+    fetch_metadata,
+    new_client_errors,
+    require_topic,
+    unreachable_detail,
+)
+
+# The CLI's name for the client layer's error: a command that raises it exits 1 with
+# its message on one line.
+CliError = ClientError
+
 BOOTSTRAP_ENV = "ONCEFLOW_BOOTSTRAP"
 BOOTSTRAP_DEFAULT = "127.0.0.1:9092"
 
-# How long the first metadata request may take before we call the broker unreachable.
-# librdkafka reports "connection refused" within milliseconds through error_cb, so this
-# only bounds the silent cases (a firewall dropping packets, a broker that hangs).
-METADATA_TIMEOUT_S = 10.0
-# Slice of that budget per attempt: between slices we serve error_cb to fail fast.
-METADATA_ATTEMPT_S = 0.25
 # Bound on waiting for outstanding deliveries at the end of `produce`.
 FLUSH_TIMEOUT_S = 30.0
 # While the producer queue is full we serve delivery reports for this long, then retry.
@@ -70,19 +78,12 @@ PRODUCE_POLL_EVERY_RECORDS = 1_000
 # Messages fetched per `Consumer.consume` call and how long one call may block.
 CONSUME_BATCH_MAX = 500
 CONSUME_POLL_S = 0.2
-# librdkafka errors kept per client (error_cb): enough to explain a failure, bounded for
-# a consumer that runs for days while a broker comes and goes.
-CLIENT_ERRORS_KEPT = 100
 # How long `consume --group` may wait for the group to assign partitions (a join includes
 # the coordinator's initial rebalance delay, 3 s in Kafka) before giving up.
 GROUP_JOIN_TIMEOUT_S = 60.0
 # Consumer-group id for partition-assigning reads (librdkafka insists on one even when
 # no group protocol is used); unique so that two CLI readers never share offsets.
 ANONYMOUS_GROUP_PREFIX = "onceflow-cli-"
-
-_LIBRDKAFKA_LOGGER = logging.getLogger("onceflow.cli.librdkafka")
-_LIBRDKAFKA_LOGGER.addHandler(logging.NullHandler())
-_LIBRDKAFKA_LOGGER.propagate = False
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -96,10 +97,6 @@ BootstrapOption = Annotated[
         help="Comma-separated host:port list of brokers.",
     ),
 ]
-
-
-class CliError(Exception):
-    """A failure to report to a person as one line, exit code 1."""
 
 
 class OutputFormat(str, enum.Enum):
@@ -144,80 +141,6 @@ def exits_cleanly(command: Callable[P, R]) -> Callable[P, R]:
 def report_error(message: str) -> None:
     # escape: broker messages hold brackets ("t [0]") that rich would take for markup.
     stderr().print(f"[red]error:[/red] {escape(message)}", highlight=False)
-
-
-def describe_kafka_error(error: Any, topic: str | None = None) -> str:
-    """One human sentence for a KafkaError (or anything a future raised)."""
-    if not isinstance(error, KafkaError):
-        return str(error)
-    code = error.code()
-    if code == KafkaError.UNKNOWN_TOPIC_OR_PART and topic is not None:
-        return f"unknown topic '{topic}'"
-    if code == KafkaError.TOPIC_ALREADY_EXISTS and topic is not None:
-        return f"topic '{topic}' already exists"
-    if code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
-        return f"broker unreachable ({error.str()})"
-    return f"{error.name()}: {error.str()}"
-
-
-ClientErrors = deque[KafkaError]  # from error_cb, at most CLIENT_ERRORS_KEPT
-
-
-def new_client_errors() -> ClientErrors:
-    return deque(maxlen=CLIENT_ERRORS_KEPT)
-
-
-def client_config(bootstrap_servers: str, errors: ClientErrors) -> dict[str, Any]:
-    """Settings every CLI client shares: where, quiet logs, errors collected in `errors`."""
-    return {
-        "bootstrap.servers": bootstrap_servers,
-        "client.id": "onceflow-cli",
-        "logger": _LIBRDKAFKA_LOGGER,
-        "error_cb": errors.append,
-    }
-
-
-def fetch_metadata(
-    client: AdminClient | Producer | Consumer,
-    bootstrap_servers: str,
-    errors: ClientErrors,
-) -> ClusterMetadata:
-    """Cluster metadata, or CliError as soon as every broker is known to be down."""
-    deadline = time.monotonic() + METADATA_TIMEOUT_S
-    while True:
-        try:
-            return client.list_topics(timeout=METADATA_ATTEMPT_S)
-        except KafkaException as exc:
-            last = exc.args[0]
-        client.poll(0)  # serves error_cb
-        refused = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
-        if refused or time.monotonic() >= deadline:
-            raise CliError(f"cannot reach a broker at {bootstrap_servers}: "
-                           f"{unreachable_detail(errors, last)}")
-
-
-def unreachable_detail(errors: ClientErrors, last: KafkaError) -> str:
-    """The most telling reason: a transport error ("Connection refused") if any."""
-    for error in errors:
-        if error.code() == KafkaError._TRANSPORT:
-            return error.str()
-    return errors[0].str() if errors else describe_kafka_error(last)
-
-
-def connect_admin(bootstrap_servers: str) -> tuple[AdminClient, ClusterMetadata]:
-    errors = new_client_errors()
-    admin = AdminClient(client_config(bootstrap_servers, errors))
-    return admin, fetch_metadata(admin, bootstrap_servers, errors)
-
-
-def require_topic(metadata: ClusterMetadata, topic: str) -> list[int]:
-    """The topic's partition ids, or CliError naming the unknown topic."""
-    found = metadata.topics.get(topic)
-    if found is None:
-        raise CliError(f"unknown topic '{topic}'")
-    if found.error is not None:
-        raise CliError(describe_kafka_error(found.error, topic))
-    return sorted(found.partitions)
 
 
 # --------------------------------------------------------------------------- produce

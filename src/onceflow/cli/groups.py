@@ -1,29 +1,20 @@
-"""`onceflow groups list|describe GROUP`: consumer groups for people.
+"""`onceflow groups list|describe|reset-offsets`: consumer groups for people.
 
-Theory of operation: like `topics`, each command opens one confluent-kafka AdminClient
-(`clients.connect_admin`, which fails fast when no broker answers) and waits a bounded
-time for each admin future. `describe` combines four answers: the group's description
-(DescribeGroups: state, assignor, members and their assignments), its committed offsets
-(OffsetFetch), the log end offsets of those partitions (ListOffsets) and from these the
-lag per partition (log end - committed; "-" when nothing is committed). Partitions that
-are assigned but never committed, and committed but no longer assigned, are both shown.
+Theory of operation: the numbers come from `onceflow.client.groups` (the console shows
+the same ones): members and assignments, committed offsets, the high watermark and the
+last stable offset of each partition, and the lag to the end that `--isolation` names
+(a `read_committed` consumer can only read up to the LSO). `reset-offsets` is
+`kafka-consumer-groups.sh --reset-offsets`: it prints the plan and changes nothing
+unless `--execute` is given, and then only for a group without members.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-from collections.abc import Mapping
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated
 
 import typer
-from confluent_kafka import (
-    ConsumerGroupState,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    KafkaException,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, OffsetSpec
+from confluent_kafka.admin import ConsumerGroupDescription
 from rich.table import Table
 
 from onceflow.cli.clients import (
@@ -31,37 +22,37 @@ from onceflow.cli.clients import (
     BootstrapOption,
     CliError,
     connect_admin,
-    describe_kafka_error,
     exits_cleanly,
     stdout,
 )
+from onceflow.client.groups import (
+    Isolation,
+    PartitionOffsets,
+    ResetStep,
+    ResetStrategy,
+    apply_reset,
+    assignment_text,
+    describe_group,
+    describe_group_or_none,
+    group_offsets,
+    list_groups,
+    partitions_of,
+    plan_reset,
+    state_name,
+    total_lag,
+)
 
-# How long the broker may take to answer one admin request.
-ADMIN_TIMEOUT_S = 30.0
-NO_OFFSET = -1  # librdkafka's OFFSET_INVALID: nothing committed
 NOT_AVAILABLE = "-"
 
 groups_app = typer.Typer(
     name="groups",
-    help="List and describe consumer groups: members, assignments, offsets, lag.",
+    help="List and describe consumer groups: members, assignments, offsets, lag; reset offsets.",
     no_args_is_help=True,
 )
 
-
-def _wait(future: concurrent.futures.Future, group: str | None = None) -> Any:
-    try:
-        return future.result(timeout=ADMIN_TIMEOUT_S)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-            raise CliError(f"unknown group '{group}'") from None
-        raise CliError(describe_kafka_error(error)) from None
-    except concurrent.futures.TimeoutError:
-        raise CliError(f"no answer from the broker within {ADMIN_TIMEOUT_S:.0f} s") from None
-
-
-def _state(state: Any) -> str:
-    return state.name.lower() if hasattr(state, "name") else str(state)
+IsolationOption = Annotated[Isolation, typer.Option(
+    "--isolation", help="Lag to the last stable offset (read_committed consumers) or to the "
+                        "high watermark (read_uncommitted).")]
 
 
 @groups_app.command("list")
@@ -69,98 +60,48 @@ def _state(state: Any) -> str:
 def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
     """List consumer groups with their states."""
     admin, _metadata = connect_admin(bootstrap_servers)
-    listed = _wait(admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S))
-    groups = sorted(listed.valid, key=lambda g: g.group_id)
+    groups = list_groups(admin)
     table = Table("group", "type", "state", "simple", title=f"{len(groups)} groups")
     for group in groups:  # type: classic or consumer (KIP-848), from ListGroups v5
-        table.add_row(group.group_id, _state(getattr(group, "type", "")), _state(group.state),
+        table.add_row(group.group_id, state_name(getattr(group, "type", "")),
+                      state_name(group.state),
                       "yes" if group.is_simple_consumer_group else "no")
     stdout().print(table)
 
 
-# ---------------------------------------------------------------- describe
-
-
-def _describe(admin: AdminClient, group: str) -> ConsumerGroupDescription:
-    futures = admin.describe_consumer_groups([group], request_timeout=ADMIN_TIMEOUT_S)
-    description = _wait(futures[group], group)
-    if description.state in (ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN):
-        raise CliError(f"unknown group '{group}'")
-    return description
-
-
-def _committed(admin: AdminClient, group: str) -> dict[tuple[str, int], int]:
-    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
-                                                request_timeout=ADMIN_TIMEOUT_S)
-    found = _wait(futures[group], group)
-    return {(tp.topic, tp.partition): tp.offset for tp in found.topic_partitions}
-
-
-def _log_end_offsets(admin: AdminClient,
-                     partitions: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
-    if not partitions:
-        return {}
-    request = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
-    ends = {}
-    for tp, future in admin.list_offsets(request, request_timeout=ADMIN_TIMEOUT_S).items():
-        try:
-            ends[(tp.topic, tp.partition)] = future.result(timeout=ADMIN_TIMEOUT_S).offset
-        except KafkaException:  # a deleted topic's committed offsets: no log end to compare
-            continue
-    return ends
-
-
-def _owners(description: ConsumerGroupDescription) -> dict[tuple[str, int], str]:
-    return {(tp.topic, tp.partition): member.client_id or member.member_id
-            for member in description.members
-            for tp in (member.assignment.topic_partitions if member.assignment else [])}
+def _text(value: int | None) -> str:
+    return NOT_AVAILABLE if value is None else str(value)
 
 
 def _group_type(description: ConsumerGroupDescription) -> str:
     """"consumer group, " for KIP-848 groups (confluent-kafka names the type), else ""."""
     kind = getattr(description, "type", None)
-    return f"{_state(kind)} group, " if kind is not None and _state(kind) != "unknown" else ""
+    name = state_name(kind) if kind is not None else "unknown"
+    return f"{name} group, " if name != "unknown" else ""
 
 
 def members_table(description: ConsumerGroupDescription) -> Table:
     table = Table("member id", "instance id", "client id", "host", "assignment",
                   title=f"{description.group_id}: {_group_type(description)}"
-                        f"{_state(description.state)}, "
+                        f"{state_name(description.state)}, "
                         f"assignor {description.partition_assignor or NOT_AVAILABLE}, "
                         f"{len(description.members)} member"
                         f"{'' if len(description.members) == 1 else 's'}")
     for member in sorted(description.members, key=lambda m: m.member_id):
         partitions = member.assignment.topic_partitions if member.assignment else []
         table.add_row(member.member_id, member.group_instance_id or NOT_AVAILABLE,
-                      member.client_id, member.host, _assignment_text(partitions))
+                      member.client_id, member.host, assignment_text(partitions))
     return table
 
 
-def _assignment_text(partitions: list[TopicPartition]) -> str:
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    return " ".join(f"{t}:{','.join(map(str, sorted(ps)))}" for t, ps in sorted(by_topic.items()))
-
-
-TopicPartitionKey = tuple[str, int]
-
-
-def offsets_table(group: str, committed: Mapping[TopicPartitionKey, int],
-                  ends: Mapping[TopicPartitionKey, int],
-                  owners: Mapping[TopicPartitionKey, str]) -> Table:
-    table = Table("topic", "partition", "committed", "log end", "lag", "owner",
-                  title=f"{group}: offsets")
-    total_lag = 0
-    for key in sorted(set(committed) | set(owners)):
-        offset, end = committed.get(key, NO_OFFSET), ends.get(key)
-        lag = end - offset if end is not None and offset >= 0 else None
-        total_lag += lag or 0
-        table.add_row(key[0], str(key[1]), str(offset) if offset >= 0 else NOT_AVAILABLE,
-                      NOT_AVAILABLE if end is None else str(end),
-                      NOT_AVAILABLE if lag is None else str(lag),
-                      owners.get(key, NOT_AVAILABLE))
-    table.caption = f"total lag {total_lag}"
+def offsets_table(group: str, rows: Sequence[PartitionOffsets], isolation: Isolation) -> Table:
+    table = Table("topic", "partition", "committed", "log end", "last stable", "lag", "owner",
+                  title=f"{group}: offsets, lag to the "
+                        f"{'last stable offset' if isolation is Isolation.read_committed else 'log end'}")
+    for row in rows:
+        table.add_row(row.topic, str(row.partition), _text(row.committed), _text(row.log_end),
+                      _text(row.stable), _text(row.lag(isolation)), row.owner or NOT_AVAILABLE)
+    table.caption = f"total lag {total_lag(rows, isolation)}"
     return table
 
 
@@ -169,13 +110,60 @@ def offsets_table(group: str, committed: Mapping[TopicPartitionKey, int],
 def describe(
     group: Annotated[str, typer.Argument(help="Consumer group id.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    isolation: IsolationOption = Isolation.read_uncommitted,
 ) -> None:
     """Show a group's members and assignments, committed offsets, log end offsets, lag."""
     admin, _metadata = connect_admin(bootstrap_servers)
-    description = _describe(admin, group)
-    committed = _committed(admin, group)
-    owners = _owners(description)
-    ends = _log_end_offsets(admin, set(committed) | set(owners))
+    description = describe_group(admin, group)
+    rows = group_offsets(admin, group, description)
     console = stdout()
     console.print(members_table(description))
-    console.print(offsets_table(group, committed, ends, owners))
+    console.print(offsets_table(group, rows, isolation))
+
+
+def reset_table(group: str, steps: Sequence[ResetStep], executed: bool) -> Table:
+    table = Table("topic", "partition", "current offset", "new offset",
+                  title=f"{group}: {'offsets reset' if executed else 'reset plan (dry run)'}")
+    for step in steps:
+        table.add_row(step.topic, str(step.partition), _text(step.current), str(step.new))
+    if not executed:
+        table.caption = "nothing changed: add --execute to apply"
+    return table
+
+
+@groups_app.command("reset-offsets")
+@exits_cleanly
+def reset_offsets(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")],
+    bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    to_earliest: Annotated[bool, typer.Option("--to-earliest")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
+    to_offset: Annotated[int | None, typer.Option("--to-offset")] = None,
+    shift_by: Annotated[int | None, typer.Option("--shift-by")] = None,
+    to_datetime_ms: Annotated[int | None, typer.Option(
+        "--to-datetime-ms", help="The first offset at or after this time (epoch ms).")] = None,
+    topic: Annotated[str | None, typer.Option(
+        help="Every partition of this topic (default: the partitions the group has).")] = None,
+    execute: Annotated[bool, typer.Option(help="Apply the plan (default: dry run).")] = False,
+) -> None:
+    """Reset a group's committed offsets, like kafka-consumer-groups.sh --reset-offsets."""
+    chosen = [(ResetStrategy.earliest, None) if to_earliest else None,
+              (ResetStrategy.latest, None) if to_latest else None,
+              (ResetStrategy.offset, to_offset) if to_offset is not None else None,
+              (ResetStrategy.shift_by, shift_by) if shift_by is not None else None,
+              (ResetStrategy.datetime, to_datetime_ms) if to_datetime_ms is not None else None]
+    chosen = [c for c in chosen if c is not None]
+    if len(chosen) != 1:
+        raise CliError("give exactly one of --to-earliest, --to-latest, --to-offset, "
+                       "--shift-by, --to-datetime-ms")
+    (strategy, value), = chosen
+    admin, metadata = connect_admin(bootstrap_servers)
+    description = describe_group_or_none(admin, group)
+    rows = group_offsets(admin, group, description) if description is not None else []
+    partitions = partitions_of(metadata.topics, rows, topic)
+    if not partitions:
+        raise CliError(f"group '{group}' has no offsets: name a --topic")
+    steps = plan_reset(admin, group, partitions, strategy, value)
+    if execute:
+        apply_reset(admin, group, steps)
+    stdout().print(reset_table(group, steps, execute))

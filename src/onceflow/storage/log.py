@@ -80,6 +80,13 @@ RECOVERY_CHECKPOINT_BYTES = 64 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
 
 
+
+class SegmentInfo(NamedTuple):
+    base_offset: int
+    next_offset: int          # exclusive end of its records
+    size_bytes: int
+    max_timestamp_ms: int     # the newest record's timestamp (-1: none yet)
+
 class AppendInfo(NamedTuple):
     first_offset: int
     last_offset: int  # inclusive
@@ -136,6 +143,11 @@ class PartitionLog:
     @property
     def segment_base_offsets(self) -> list[int]:
         return list(self._bases)
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        """Each segment's offsets, size and newest timestamp, oldest first (for people)."""
+        return [SegmentInfo(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp_ms)
+                for s in self._segments]
 
     def update_config(self, config: LogConfig) -> None:
         """Applies altered topic configs (rolling, retention and stamping use them next time)."""
