@@ -7,8 +7,8 @@ classic protocol with cooperative-sticky, in one run.
 Theory of operation: for each protocol, on the same broker (`onceflow broker` in a child
 process, fsync on) and with the same seeded schedule, exactly-once copiers
 (onceflow.examples.copier, static members, tests/integration/rebalance_support.py) copy a
-12-partition input that keeps arriving, while every 1-3 s one copier is SIGKILLed or a new
-one added (2 to 5 live). Each copier logs every partition it is given or loses; a kill
+12-partition input that keeps arriving, while every 1-3 s one copier is SIGKILLed (and
+restarted with the same instance id 0.2-1.5 s later) or a new one added (up to 5 live). Each copier logs every partition it is given or loses; a kill
 takes away all of the killed copier's partitions at once. A partition is *unowned* from
 the moment its owner gave it up (or died) until another copier got it; the report gives
 the number of such periods and their p50, p99 and maximum, and the partition-seconds

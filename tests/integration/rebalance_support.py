@@ -6,8 +6,16 @@ bench/rebalance.py (the measurement, both group protocols in one run).
 - `python -m tests.integration.rebalance_support --bootstrap ... --events FILE ...` runs
   one copier (onceflow.examples.copier) that also writes every partition it is given or
   loses, with the wall-clock time, as a JSON line to FILE.
-- `Chaos` starts such copiers, SIGKILLs a random one or adds a new one at random moments
-  (seeded), between MEMBERS_MIN and MEMBERS_MAX live ones.
+- `Chaos` starts such copiers and, at random moments (seeded), SIGKILLs a random one and
+  restarts it with the same instance id a moment later (its supervisor: the instance's
+  transactional id then aborts what the dead one left open at once), or adds a new one,
+  up to MEMBERS_MAX live ones. Killed copiers are restarted because a transaction left
+  open by a copier that never comes back keeps its offsets unstable until the
+  transaction times out, and librdkafka 2.16 then sometimes starts the partition's new
+  owner from auto.offset.reset instead of the committed offset: when its OffsetFetch
+  answer (UNSTABLE_OFFSET_COMMIT, offset -1, as Kafka answers) arrives after the
+  assignment changed, rdkafka_assignment.c puts the partition back with that offset
+  instead of retrying - a client race, against Kafka too.
 - `unowned_intervals` turns the events and kill times into the periods during which a
   partition belonged to no live copier: from the moment its owner revoked it (or was
   killed) to the moment another copier got it. That is the pause a rebalance costs a
@@ -35,9 +43,10 @@ from onceflow.examples.copier import Copier
 from tests.kafka_raw import RawClient
 
 MEMBERS_START = 3
-MEMBERS_MIN, MEMBERS_MAX = 2, 5
+MEMBERS_MAX = 5
 # A random action every this many seconds: long enough for the group to settle at times.
 ACTION_INTERVAL_S = (1.0, 3.0)
+RESTART_AFTER_S = (0.2, 1.5)  # a killed copier's supervisor restarts it this much later
 DESCRIBE_INTERVAL_S = 0.1
 CONSUMER_GROUP_DESCRIBE = 69
 CLASSIC_HEARTBEAT_INTERVAL_MS = 300  # as the consumer protocol's heartbeat interval here
@@ -103,14 +112,16 @@ class Chaos:
     assignment_strategy: str | None = None
     session_timeout_ms: int = 4_000  # the classic protocol's (a client setting)
     processes: dict[int, subprocess.Popen] = field(default_factory=dict)
-    kills: dict[int, float] = field(default_factory=dict)  # instance -> wall-clock kill time
+    kills: list[tuple[int, float]] = field(default_factory=list)  # (instance, wall clock)
     next_instance: int = 0
 
     def events_path(self, instance: int) -> Path:
         return self.log_dir / f"{self.group}-{instance}.events"
 
-    def add(self) -> None:
-        instance, self.next_instance = self.next_instance, self.next_instance + 1
+    def add(self, instance: int | None = None) -> None:
+        """Start a new copier, or restart `instance` with the same instance id."""
+        if instance is None:
+            instance, self.next_instance = self.next_instance, self.next_instance + 1
         command = [sys.executable, "-m", "tests.integration.rebalance_support",
                    "--bootstrap", self.bootstrap, "--input", self.input_topic,
                    "--output", self.output_topic, "--group", self.group,
@@ -125,14 +136,14 @@ class Chaos:
     def kill(self, instance: int) -> None:
         process = self.processes.pop(instance)
         process.kill()
-        self.kills[instance] = time.time()
         process.wait()
         self._note_kill(instance)
 
     def _note_kill(self, instance: int) -> None:
-        """Kill times next to the events, for reading a failed run afterwards."""
+        """Kill times, also next to the events for reading a failed run afterwards."""
+        self.kills.append((instance, time.time()))
         with open(self.log_dir / f"{self.group}.kills", "a") as kills:
-            kills.write(json.dumps({"instance": instance, "t": self.kills[instance]}) + "\n")
+            kills.write(json.dumps({"instance": instance, "t": self.kills[-1][1]}) + "\n")
 
     def run(self, duration_s: float, rng: random.Random) -> None:
         for _ in range(MEMBERS_START):
@@ -145,19 +156,22 @@ class Chaos:
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(*ACTION_INTERVAL_S))
             self.replace_exited()
-            live = len(self.processes)
-            if live <= MEMBERS_MIN or (live < MEMBERS_MAX and rng.random() < 0.5):
+            if len(self.processes) < MEMBERS_MAX and rng.random() < 0.3:
                 self.add()
             else:
-                self.kill(rng.choice(sorted(self.processes)))
+                victim = rng.choice(sorted(self.processes))
+                self.kill(victim)
+                time.sleep(rng.uniform(*RESTART_AFTER_S))
+                self.add(victim)
 
     def replace_exited(self) -> None:
-        """A copier that exited on its own (fenced, fatal error) counts as killed."""
+        """A copier that exited on its own (fenced, fatal error) counts as killed and is
+        restarted, as its supervisor would."""
         for instance, process in list(self.processes.items()):
             if process.poll() is not None:
                 self.processes.pop(instance)
-                self.kills[instance] = time.time()
                 self._note_kill(instance)
+                self.add(instance)
 
     def stop(self) -> None:
         for instance in list(self.processes):
@@ -180,8 +194,7 @@ def unowned_intervals(chaos: Chaos, partitions: int, start: float,
         for e in load_events(chaos.events_path(instance)):
             if e["event"] in ("assign", "revoke"):
                 changes.append((e["t"], instance, e["event"], e["partitions"]))
-        if instance in chaos.kills:
-            changes.append((chaos.kills[instance], instance, "killed", []))
+    changes += [(t, instance, "killed", []) for instance, t in chaos.kills]
     changes.sort()
     owners: dict[int, set[int]] = {p: set() for p in range(partitions)}
     owned_by: dict[int, set[int]] = {}

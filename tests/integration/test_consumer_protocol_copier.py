@@ -1,8 +1,9 @@
 """The exactly-once copier in a consumer-protocol group (KIP-848) while members come and go.
 
 Three copiers (confluent-kafka, `group.protocol=consumer`, static members) share a
-12-partition input while input keeps arriving; at random moments one is SIGKILLed or a
-new one is added (2 to 5 live). A watcher polls ConsumerGroupDescribe all along. At the
+12-partition input while input keeps arriving; at random moments one is SIGKILLed (and
+restarted with the same instance id a moment later, as its supervisor would) or a new one
+is added (up to 5 live). A watcher polls ConsumerGroupDescribe all along. At the
 end every input record is in the output exactly once (read_committed), the group's
 offsets reached the input's end, and no snapshot ever showed a partition in two members'
 assignments. How long partitions went without an owner is printed (bench/rebalance.py
