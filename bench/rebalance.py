@@ -29,14 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from onceflow.testing import BrokerProcess  # noqa: E402
-from tests.helpers import create_topic, unique  # noqa: E402
-from tests.integration.rebalance_support import (  # noqa: E402
+from onceflow.testing import BrokerProcess
+from tests.helpers import create_topic, unique
+from tests.integration.rebalance_support import (
     Chaos,
     percentile,
     unowned_intervals,
 )
-from tests.integration.test_consumer_protocol_copier import feed  # noqa: E402
+from tests.integration.test_consumer_protocol_copier import feed
 
 PARTITIONS = 12
 SEED = 848

@@ -22,19 +22,11 @@ import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    IsolationLevel,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import KafkaException, Producer
 
 from onceflow.examples.copier import transform
 from tests.helpers import create_topic, unique
+from tests.integration import test_copier as copier_test
 from tests.integration.rebalance_support import (
     AssignmentWatcher,
     Chaos,
@@ -77,20 +69,11 @@ def feed(bootstrap: str, topic: str, seconds: float) -> threading.Thread:
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.list_offsets(
-        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)},
-        isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_TIMEOUT_S)
-    return {tp.partition: f.result(ADMIN_TIMEOUT_S).offset for tp, f in futures.items()}
+    return copier_test.end_offsets(bootstrap, topic, PARTITIONS)
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p)
-                                                   for p in range(PARTITIONS)])
-    futures = admin.list_consumer_group_offsets([request], require_stable=True,
-                                                request_timeout=ADMIN_TIMEOUT_S)
-    return {tp.partition: tp.offset for tp in futures[group].result(ADMIN_TIMEOUT_S).topic_partitions}
+    return copier_test.committed_offsets(bootstrap, group, topic, PARTITIONS)
 
 
 def wait_until_copied(bootstrap: str, chaos: Chaos, input_topic: str) -> None:
@@ -112,21 +95,7 @@ def wait_until_copied(bootstrap: str, chaos: Chaos, input_topic: str) -> None:
 
 
 def read_committed(bootstrap: str, topic: str) -> Counter:
-    ends = end_offsets(bootstrap, topic)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("verify"),
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    seen: Counter = Counter()
-    deadline = time.monotonic() + ADMIN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for message in consumer.consume(5000, POLL_S):
-            assert message.error() is None, message.error()
-            seen[message.value()] += 1
-        positions = {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())}
-        if all(positions[p] >= ends[p] for p in range(PARTITIONS)):
-            break
-    consumer.close()
-    return seen
+    return copier_test.read_committed(bootstrap, topic, PARTITIONS)
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 from confluent_kafka import Consumer
-
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.faults import CRASH_EXIT_CODE
