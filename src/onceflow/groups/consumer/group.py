@@ -121,13 +121,17 @@ class ConsumerGroup:
         return self.target.get(previous, frozenset()) if previous is not None else frozenset()
 
     def subscribed_topic_names(self, without: str | None = None,
-                               extra: ConsumerMember | None = None) -> set[str]:
-        """Topic names the members subscribe to, by name or through a resolved regex."""
+                               extra: ConsumerMember | None = None,
+                               resolved_regexes: dict[str, ResolvedRegex] | None = None
+                               ) -> set[str]:
+        """Topic names the members subscribe to, by name or through a resolved regex
+        (`resolved_regexes`: a resolution about to be written instead of the group's)."""
+        regexes = self.resolved_regexes if resolved_regexes is None else resolved_regexes
         names: set[str] = set()
         for member in [*(m for mid, m in self.members.items() if mid != without),
                        *([extra] if extra is not None else [])]:
             names.update(member.subscribed_topic_names)
-            resolved = self.resolved_regexes.get(member.subscribed_topic_regex or "")
+            resolved = regexes.get(member.subscribed_topic_regex or "")
             if resolved is not None:
                 names.update(resolved.topics)
         return names

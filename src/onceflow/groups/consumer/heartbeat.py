@@ -325,12 +325,8 @@ class Heartbeat:
         # Kafka refreshes when the subscription changed or the metadata image changed
         # (onNewMetadataImage -> requestMetadataRefresh); the image version says the latter
         if bump or self.image.version != group.metadata_image_version:
-            saved = group.resolved_regexes
-            group.resolved_regexes = resolved
-            try:
-                names = group.subscribed_topic_names(without=updated.member_id, extra=updated)
-            finally:
-                group.resolved_regexes = saved
+            names = group.subscribed_topic_names(without=updated.member_id, extra=updated,
+                                                 resolved_regexes=resolved)
             metadata = subscription_metadata(names, self.image)
             if metadata != group.subscription_metadata:
                 bump = True
@@ -380,12 +376,7 @@ def fence_records(group: ConsumerGroup, member: ConsumerMember,
     if regex and group.regex_subscribers(regex) == 1 and regex in resolved:
         records.append(cr.record(cr.REGULAR_EXPRESSION, gid, None, regex))
         del resolved[regex]
-    saved = group.resolved_regexes
-    group.resolved_regexes = resolved
-    try:
-        names = group.subscribed_topic_names(without=member.member_id)
-    finally:
-        group.resolved_regexes = saved
+    names = group.subscribed_topic_names(without=member.member_id, resolved_regexes=resolved)
     metadata = subscription_metadata(names, image)
     if metadata != group.subscription_metadata:
         records.append(metadata_record(gid, metadata))
