@@ -9,7 +9,8 @@ bench/rebalance.py (the measurement, both group protocols in one run).
 - `Chaos` starts such copiers and, at random moments (seeded), SIGKILLs a random one and
   restarts it with the same instance id a moment later (its supervisor: the instance's
   transactional id then aborts what the dead one left open at once), or adds a new one,
-  up to MEMBERS_MAX live ones. Killed copiers are restarted because a transaction left
+  up to MEMBERS_MAX live ones (`restart_killed=False`, for the benchmark's scale in and
+  out: killed copiers stay dead, new ones are added). The test restarts them because a transaction left
   open by a copier that never comes back keeps its offsets unstable until the
   transaction times out, and librdkafka 2.16 then sometimes starts the partition's new
   owner from auto.offset.reset instead of the committed offset: when its OffsetFetch
@@ -43,7 +44,7 @@ from onceflow.examples.copier import Copier
 from tests.kafka_raw import RawClient
 
 MEMBERS_START = 3
-MEMBERS_MAX = 5
+MEMBERS_MIN, MEMBERS_MAX = 2, 5
 # A random action every this many seconds: long enough for the group to settle at times.
 ACTION_INTERVAL_S = (1.0, 3.0)
 RESTART_AFTER_S = (0.2, 1.5)  # a killed copier's supervisor restarts it this much later
@@ -111,6 +112,9 @@ class Chaos:
     group_protocol: str
     assignment_strategy: str | None = None
     session_timeout_ms: int = 4_000  # the classic protocol's (a client setting)
+    # True: a killed copier is restarted with its instance id (crash and restart);
+    # False: it is gone for good and new copiers are added instead (scale in and out)
+    restart_killed: bool = True
     processes: dict[int, subprocess.Popen] = field(default_factory=dict)
     kills: list[tuple[int, float]] = field(default_factory=list)  # (instance, wall clock)
     next_instance: int = 0
@@ -156,7 +160,13 @@ class Chaos:
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(*ACTION_INTERVAL_S))
             self.replace_exited()
-            if len(self.processes) < MEMBERS_MAX and rng.random() < 0.3:
+            live = len(self.processes)
+            if not self.restart_killed:
+                if live <= MEMBERS_MIN or (live < MEMBERS_MAX and rng.random() < 0.5):
+                    self.add()
+                else:
+                    self.kill(rng.choice(sorted(self.processes)))
+            elif live < MEMBERS_MAX and rng.random() < 0.3:
                 self.add()
             else:
                 victim = rng.choice(sorted(self.processes))
@@ -171,7 +181,7 @@ class Chaos:
             if process.poll() is not None:
                 self.processes.pop(instance)
                 self._note_kill(instance)
-                self.add(instance)
+                self.add(instance if self.restart_killed else None)
 
     def stop(self) -> None:
         for instance in list(self.processes):
