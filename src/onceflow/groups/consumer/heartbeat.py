@@ -227,15 +227,14 @@ class Heartbeat:
         if joining:
             if existing is None:
                 return group.members.get(member_id) or ConsumerMember(member_id)
-            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH \
-                    and existing.member_id != member_id:
+            # Kafka: the instance id must have been released (a leave with epoch -2) or
+            # its member fenced (session timeout) - also for the same member id
+            if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
                 raise HeartbeatError(
                     E.unreleased_instance_id,
                     f"Static member {member_id} with instance id {req.instance_id} cannot "
                     f"join the group because the instance id is owned by "
                     f"{existing.member_id} member.")
-            if existing.member_id == member_id:
-                return existing
             return self._replace(existing, member_id)
         if existing is None:
             raise HeartbeatError(E.unknown_member_id,
