@@ -116,17 +116,18 @@ class InputFeeder(threading.Thread):
         self.unacknowledged = producer.flush(FINISH_TIMEOUT_S)
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+def end_offsets(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> dict[int, int]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
+    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
     futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
                                  request_timeout=ADMIN_TIMEOUT_S)
     return {tp.partition: f.result(ADMIN_TIMEOUT_S).offset for tp, f in futures.items()}
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+def committed_offsets(bootstrap: str, group: str, topic: str,
+                      partitions: int = PARTITIONS) -> dict[int, int]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(PARTITIONS)])
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
     futures = admin.list_consumer_group_offsets([request], require_stable=True,
                                                 request_timeout=ADMIN_TIMEOUT_S)
     found = futures[group].result(ADMIN_TIMEOUT_S)
@@ -165,12 +166,12 @@ def wait_until_copied(bootstrap: str, copiers: Copiers, input_topic: str) -> dic
     pytest.fail(f"copiers did not finish: committed {committed}, input ends {ends}")
 
 
-def read_committed(bootstrap: str, topic: str) -> Counter:
+def read_committed(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> Counter:
     """Every value of `topic` up to its last stable offset, read_committed."""
-    ends = end_offsets(bootstrap, topic)
+    ends = end_offsets(bootstrap, topic, partitions)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("verify"),
                          "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: Counter = Counter()
     deadline = time.monotonic() + VERIFY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -178,7 +179,7 @@ def read_committed(bootstrap: str, topic: str) -> Counter:
             assert message.error() is None, message.error()
             seen[message.value()] += 1
         positions = {tp.partition: tp.offset for tp in consumer.position(consumer.assignment())}
-        if all(positions[p] >= ends[p] for p in range(PARTITIONS)):
+        if all(positions[p] >= ends[p] for p in range(partitions)):
             break
     consumer.close()
     return seen

@@ -71,7 +71,7 @@ def copy_until_committed(copier: Copier, topic: str) -> None:
     while time.monotonic() < deadline:
         records = copier.poll_batch()
         if records:
-            copier.copy(records)
+            copier.copy(records, copier.consumer.consumer_group_metadata())
             copied.update(r.partition() for r in records)
         committed = copier.consumer.committed(
             [TopicPartition(topic, p) for p in range(PARTITIONS)], TIMEOUT_S)

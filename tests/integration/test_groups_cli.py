@@ -44,7 +44,7 @@ def test_list_and_describe_show_members_offsets_and_lag(groups_broker):
 
         listed = _onceflow("groups", "list", "-b", bootstrap)
         assert listed.exit_code == 0, listed.output
-        assert [group, "stable", "no"] in table_rows(listed.stdout)
+        assert [group, "classic", "stable", "no"] in table_rows(listed.stdout)
 
         described = _onceflow("groups", "describe", group, "-b", bootstrap)
         assert described.exit_code == 0, described.output

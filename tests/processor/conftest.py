@@ -25,7 +25,9 @@ MOCK_BROKERS = 3
 
 # Group timings for the onceflow broker under test: Kafka's defaults (3 s initial
 # rebalance delay, 6 s minimum session) only make the tests slower here.
-ONCEFLOW_GROUP_SETTINGS = {"group_initial_rebalance_delay_ms": 100, "group_min_session_timeout_ms": 1000}
+ONCEFLOW_GROUP_SETTINGS = {"group_initial_rebalance_delay_ms": 100, "group_min_session_timeout_ms": 1000,
+                           "consumer_group_heartbeat_interval_ms": 500,
+                           "consumer_group_session_timeout_ms": 6000}
 
 
 def broker_kind() -> str:

@@ -59,14 +59,21 @@ def stop_one_by_one(processors: list[Processor]) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
+@pytest.mark.parametrize("strategy", ["cooperative-sticky", "range", "consumer-protocol"])
 def test_two_then_three_instances_lose_nothing(
-    kafka_bootstrap: str, make_topic, group_config, strategy: str
+    kafka_bootstrap: str, make_topic, group_config, on_mock: bool, strategy: str
 ) -> None:
+    if strategy == "consumer-protocol" and on_mock:
+        pytest.skip("librdkafka's mock cluster does not speak ConsumerGroupHeartbeat")
     topic = make_topic("rebalance")
     group = support.unique("rebalance")
     collector = Collector()
-    config = ProcessorConfig(concurrency=8, commit_interval_ms=200, revoke_timeout_ms=3000)
+    consumer_protocol = strategy == "consumer-protocol"
+    config = ProcessorConfig(concurrency=8, commit_interval_ms=200, revoke_timeout_ms=3000,
+                             group_protocol="consumer" if consumer_protocol else "classic")
+    # the consumer protocol takes its timeouts and assignor from the broker
+    consumer_config = {} if consumer_protocol else {
+        **group_config, "partition.assignment.strategy": strategy}
 
     def instance(name: str) -> Processor:
         return Processor(
@@ -75,7 +82,7 @@ def test_two_then_three_instances_lose_nothing(
             topics=[topic],
             handler=collector.handler(name),
             config=config,
-            consumer_config={**group_config, "partition.assignment.strategy": strategy},
+            consumer_config=consumer_config,
         )
 
     producer = threading.Thread(target=produce_slowly, args=(kafka_bootstrap, topic))

@@ -22,7 +22,9 @@ KAFKA = {
     S.EMPTY: (0, "Empty", {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.ONGOING: (1, "Ongoing", {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARE_COMMIT: (2, "PrepareCommit", {S.ONGOING}),
-    S.PREPARE_ABORT: (3, "PrepareAbort", {S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    # Kafka 4.0: Empty/Complete* -> PrepareAbort for transactions V2 (KIP-890 part 2)
+    S.PREPARE_ABORT: (3, "PrepareAbort", {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY,
+                                          S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.COMPLETE_COMMIT: (4, "CompleteCommit", {S.PREPARE_COMMIT}),
     S.COMPLETE_ABORT: (5, "CompleteAbort", {S.PREPARE_ABORT}),
     S.DEAD: (6, "Dead", {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),

@@ -60,6 +60,21 @@ class BrokerConfig:
     transaction_abort_timed_out_cleanup_interval_ms: int = 10_000
     # transaction.remove.expired.transaction.cleanup.interval.ms
     transaction_remove_expired_cleanup_interval_ms: int = 3_600_000
+    # The finalized transaction.version feature (ApiVersions): 2 tells Java 4.x producers
+    # to use transactions V2 (KIP-890 part 2). The broker speaks V2 to any client that
+    # sends its requests either way; see docs/transactions.md.
+    transaction_version: int = 1
+    # Consumer groups of the consumer group protocol (issue 16, KIP-848), Kafka's names:
+    consumer_group_session_timeout_ms: int = 45_000      # group.consumer.session.timeout.ms
+    consumer_group_heartbeat_interval_ms: int = 5_000    # group.consumer.heartbeat.interval.ms
+    consumer_group_assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors
+    consumer_group_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
+    # least time between two resolutions of a group's regexes (Kafka: 10 s, a constant)
+    consumer_group_regex_refresh_interval_ms: int = 10_000
+
+    def feature_levels(self) -> dict[str, int]:
+        """Finalized feature levels that differ from protocol.apis.FEATURES' defaults."""
+        return {"transaction.version": self.transaction_version}
 
     def advertised(self, node_id: int, bound_port: int) -> tuple[str, int]:
         """The host and port clients are told to use for `node_id`."""

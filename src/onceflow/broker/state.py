@@ -118,13 +118,15 @@ class PartitionState:
 
     def append(self, headers: list[BatchHeaderLike], batches: list, now_ms: int, *,
                origin: AppendOrigin = AppendOrigin.CLIENT,
-               marker: EndTxnMarker | None = None) -> AppendInfo | Duplicate | Rejected:
+               marker: EndTxnMarker | None = None,
+               transaction_version: int = 0) -> AppendInfo | Duplicate | Rejected:
         """Prepare, append and commit `batches` in one synchronous step.
 
         A `Duplicate` or `Rejected` appends nothing. Raises what `PartitionLog.append`
         raises (LogFailedError), with the producer state unchanged.
         """
-        plan = self.producers.prepare(headers, origin=origin, marker=marker)
+        plan = self.producers.prepare(headers, origin=origin, marker=marker,
+                                      transaction_version=transaction_version)
         if not isinstance(plan, AppendPlan):
             return plan
         active_base = self.log.segment_base_offsets[-1]

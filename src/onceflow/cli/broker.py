@@ -54,6 +54,16 @@ def broker(
     transaction_abort_interval_ms: int = typer.Option(
         10_000, "--transaction-abort-interval-ms", min=1,
         help="How often transactions past their timeout are looked for (and aborted)."),
+    # Kafka 4's protocols (issue 16)
+    transaction_version: int = typer.Option(
+        1, "--transaction-version", min=1, max=2,
+        help="Finalized transaction.version: 2 has Java 4.x producers use transactions V2."),
+    group_consumer_session_timeout_ms: int = typer.Option(
+        45_000, "--group-consumer-session-timeout-ms", min=1,
+        help="Session timeout of consumer-protocol members (group.consumer.session.timeout.ms)."),
+    group_consumer_heartbeat_interval_ms: int = typer.Option(
+        5_000, "--group-consumer-heartbeat-interval-ms", min=1,
+        help="Heartbeat interval given to consumer-protocol members."),
 ) -> None:
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
     if ctx.invoked_subcommand is not None:
@@ -79,6 +89,9 @@ def broker(
         group_min_session_timeout_ms=group_min_session_timeout_ms,
         transaction_state_num_partitions=transaction_state_partitions,
         transaction_abort_timed_out_cleanup_interval_ms=transaction_abort_interval_ms,
+        transaction_version=transaction_version,
+        consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
+        consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
     )
     run_broker(config, frontend)
 

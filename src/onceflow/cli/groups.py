@@ -61,9 +61,10 @@ def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
     """List consumer groups with their states."""
     admin, _metadata = connect_admin(bootstrap_servers)
     groups = list_groups(admin)
-    table = Table("group", "state", "simple", title=f"{len(groups)} groups")
-    for group in groups:
-        table.add_row(group.group_id, state_name(group.state),
+    table = Table("group", "type", "state", "simple", title=f"{len(groups)} groups")
+    for group in groups:  # type: classic or consumer (KIP-848), from ListGroups v5
+        table.add_row(group.group_id, state_name(getattr(group, "type", "")),
+                      state_name(group.state),
                       "yes" if group.is_simple_consumer_group else "no")
     stdout().print(table)
 
@@ -72,9 +73,17 @@ def _text(value: int | None) -> str:
     return NOT_AVAILABLE if value is None else str(value)
 
 
+def _group_type(description: ConsumerGroupDescription) -> str:
+    """"consumer group, " for KIP-848 groups (confluent-kafka names the type), else ""."""
+    kind = getattr(description, "type", None)
+    name = state_name(kind) if kind is not None else "unknown"
+    return f"{name} group, " if name != "unknown" else ""
+
+
 def members_table(description: ConsumerGroupDescription) -> Table:
     table = Table("member id", "instance id", "client id", "host", "assignment",
-                  title=f"{description.group_id}: {state_name(description.state)}, "
+                  title=f"{description.group_id}: {_group_type(description)}"
+                        f"{state_name(description.state)}, "
                         f"assignor {description.partition_assignor or NOT_AVAILABLE}, "
                         f"{len(description.members)} member"
                         f"{'' if len(description.members) == 1 else 's'}")

@@ -10,7 +10,9 @@ exactly once. Copy it and change `transform`.
         --input orders --output orders-copy --group copier --instance 1
 
 Run several instances with different `--instance` values to share the input
-partitions; restart a dead instance with the *same* value. Why the same: the
+partitions; restart a dead instance with the *same* value. `--group-protocol consumer`
+uses Kafka 4's consumer group protocol (KIP-848: the broker assigns partitions
+incrementally, no group-wide pause); the default is the classic protocol. Why the same: the
 instance names both the transactional id (the restarted copier aborts what its
 predecessor left open, and fences it if it is still alive) and the static group
 member (the restart takes the old member's place at once instead of waiting for its
@@ -53,16 +55,19 @@ class Copier:
     """One consumer and one transactional producer copying `input_topic` to `output_topic`."""
 
     def __init__(self, bootstrap: str, input_topic: str, output_topic: str, group: str,
-                 instance: str) -> None:
+                 instance: str, group_protocol: str = "classic",
+                 consumer_config: dict | None = None) -> None:
         self.output_topic = output_topic
         self.rebalances = 0  # changes while a batch is read: that batch is dropped
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap,
             "group.id": group,
+            "group.protocol": group_protocol,     # "consumer": KIP-848 (Kafka 4)
             "group.instance.id": f"{group}-{instance}",  # static member: see the docstring
             "enable.auto.commit": False,          # offsets go into the transaction instead
             "isolation.level": "read_committed",  # never copy aborted records
             "auto.offset.reset": "earliest",
+            **(consumer_config or {}),
         })
         self.producer = Producer({
             "bootstrap.servers": bootstrap,
@@ -70,17 +75,25 @@ class Copier:
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
         })
         self.producer.init_transactions()
-        self.consumer.subscribe([input_topic], on_assign=self._rebalanced,
-                                on_revoke=self._rebalanced)
+        self.consumer.subscribe([input_topic], on_assign=self.assigned,
+                                on_revoke=self.revoked, on_lost=self.revoked)
 
-    def _rebalanced(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+    def assigned(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+        self.rebalances += 1
+
+    def revoked(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
         self.rebalances += 1
 
     def run(self) -> None:
         while True:
             records = self.poll_batch()
             if records:
-                self.copy(records)
+                # The membership the batch was read under, taken now, not at commit time:
+                # a consumer fenced meanwhile may have rejoined in the background (the
+                # consumer protocol does so without waiting for the application) and a
+                # fresh snapshot would let offsets of partitions it lost pass KIP-447's
+                # check; this one is stale then, and the commit is refused.
+                self.copy(records, self.consumer.consumer_group_metadata())
 
     def poll_batch(self) -> list[Message]:
         """The next records of our partitions. A batch read across a rebalance may mix
@@ -101,15 +114,14 @@ class Copier:
             return []
         return records
 
-    def copy(self, records: list[Message]) -> None:
+    def copy(self, records: list[Message], group_metadata: object) -> None:
         """Copy one batch in one transaction, or abort it and rewind."""
         self.producer.begin_transaction()
         try:
             for record in records:
                 self.producer.produce(self.output_topic, key=record.key(),
                                       value=transform(record.value()))
-            self.producer.send_offsets_to_transaction(
-                next_offsets(records), self.consumer.consumer_group_metadata())
+            self.producer.send_offsets_to_transaction(next_offsets(records), group_metadata)
             self.commit()
         except KafkaException as exc:
             if not exc.args[0].txn_requires_abort():
@@ -157,8 +169,10 @@ def main() -> None:
     parser.add_argument("--output", required=True)
     parser.add_argument("--group", default="copier")
     parser.add_argument("--instance", default="0")
+    parser.add_argument("--group-protocol", default="classic", choices=("classic", "consumer"))
     args = parser.parse_args()
-    Copier(args.bootstrap, args.input, args.output, args.group, args.instance).run()
+    Copier(args.bootstrap, args.input, args.output, args.group, args.instance,
+           args.group_protocol).run()
 
 
 if __name__ == "__main__":

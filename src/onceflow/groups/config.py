@@ -41,6 +41,19 @@ NEW_MEMBER_JOIN_TIMEOUT_MS_DEFAULT = 5 * 60 * 1000
 TOMBSTONE_RETENTION_MS_DEFAULT = 24 * 60 * 60 * 1000
 
 
+# Kafka 4.0's defaults for consumer groups (KIP-848): group.consumer.session.timeout.ms,
+# group.consumer.heartbeat.interval.ms, group.consumer.assignors (the first is the
+# default), group.consumer.max.size, group.consumer.migration.policy.
+CONSUMER_GROUP_SESSION_TIMEOUT_MS_DEFAULT = 45_000
+CONSUMER_GROUP_HEARTBEAT_INTERVAL_MS_DEFAULT = 5_000
+CONSUMER_GROUP_ASSIGNORS_DEFAULT = ("uniform", "range")
+CONSUMER_GROUP_MAX_SIZE_DEFAULT = 2**31 - 1
+CONSUMER_GROUP_MIGRATION_POLICIES = ("disabled", "upgrade", "downgrade", "bidirectional")
+# Kafka's REGEX_BATCH_REFRESH_INTERVAL_MS (a constant there): the least time between two
+# resolutions of a group's regexes, which scan every topic name.
+CONSUMER_GROUP_REGEX_REFRESH_INTERVAL_MS_DEFAULT = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
     """Kafka's setting names in the comments."""
@@ -63,6 +76,14 @@ class CoordinatorConfig:
     new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS_DEFAULT
     # delete.retention.ms of __consumer_offsets (used by compaction)
     tombstone_retention_ms: int = TOMBSTONE_RETENTION_MS_DEFAULT
+    # consumer groups (KIP-848): group.consumer.session.timeout.ms, .heartbeat.interval.ms,
+    # .assignors, .max.size, .migration.policy; the regex refresh interval (see above)
+    consumer_group_session_timeout_ms: int = CONSUMER_GROUP_SESSION_TIMEOUT_MS_DEFAULT
+    consumer_group_heartbeat_interval_ms: int = CONSUMER_GROUP_HEARTBEAT_INTERVAL_MS_DEFAULT
+    consumer_group_assignors: tuple[str, ...] = CONSUMER_GROUP_ASSIGNORS_DEFAULT
+    consumer_group_max_size: int = CONSUMER_GROUP_MAX_SIZE_DEFAULT
+    consumer_group_migration_policy: str = "bidirectional"
+    consumer_group_regex_refresh_interval_ms: int = CONSUMER_GROUP_REGEX_REFRESH_INTERVAL_MS_DEFAULT
 
     def __post_init__(self) -> None:
         assert self.offsets_topic_num_partitions >= 1
@@ -70,3 +91,6 @@ class CoordinatorConfig:
         assert 0 <= self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms
         assert self.group_max_size >= 1
         assert self.offsets_retention_check_interval_ms >= 1
+        assert 0 < self.consumer_group_heartbeat_interval_ms < self.consumer_group_session_timeout_ms
+        assert self.consumer_group_assignors, "at least one server assignor"
+        assert self.consumer_group_migration_policy in CONSUMER_GROUP_MIGRATION_POLICIES

@@ -72,6 +72,16 @@ from onceflow.groups.api import (
     offset_append_error,
 )
 from onceflow.groups.config import CoordinatorConfig
+from onceflow.groups.consumer import records as consumer_records
+from onceflow.groups.consumer.coordinator import (
+    TIMER_KINDS,
+    ConsumerGroups,
+    ConsumerWrite,
+    key_type,
+)
+from onceflow.groups.consumer.group import ConsumerGroup
+from onceflow.groups.consumer.target import EMPTY_IMAGE, TopicsImage
+from onceflow.groups.consumer_apis import ConsumerGroupAPIs
 from onceflow.groups.context import OFFSETS_EXPIRATION, Ctx
 from onceflow.groups.group import Group, plain_protocols
 from onceflow.groups.records import (
@@ -102,7 +112,8 @@ class Shard:
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, Group] = {}  # classic groups
+        self.consumer_groups: dict[str, ConsumerGroup] = {}  # KIP-848; ids never in both
         self.offsets = offsets.OffsetStore()
 
 
@@ -113,7 +124,7 @@ class DeleteGroups:
     group_ids: tuple[str, ...]
 
 
-class GroupCoordinator:
+class GroupCoordinator(ConsumerGroupAPIs):
     def __init__(self, config: CoordinatorConfig | None = None,
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4())) -> None:
         self.config = config or CoordinatorConfig()
@@ -122,6 +133,10 @@ class GroupCoordinator:
         self._shards: dict[int, Shard] = {}
         self._loading: set[int] = set()
         self._expiration_scheduled = False
+        self.consumers = ConsumerGroups(self.config, new_uuid)
+        # the broker's topics as last handed over (`update_topics`): consumer groups
+        # subscribe to them and resolve regexes against them
+        self.topics_image: TopicsImage = EMPTY_IMAGE
 
     # ------------------------------------------------------------ partitions
 
@@ -148,6 +163,7 @@ class GroupCoordinator:
                 rebalance.schedule_heartbeat(ctx, group, member)
             if len(group.members) > self.config.group_max_size:
                 rebalance.prepare_rebalance(ctx, group)
+        self.consumers.on_loaded(ctx, shard)
         self._loading.discard(partition)
         self._schedule_expiration(ctx)
 
@@ -197,6 +213,8 @@ class GroupCoordinator:
             shard = self._shards.get(append.partition)
             if isinstance(outcome, AppendFailed):
                 response = self._append_failed(ctx, shard, append.intent, outcome.error, response)
+            elif isinstance(append.intent, ConsumerWrite):
+                pass  # replayed when written (consumer/coordinator.py)
             elif shard is not None:  # else: unloaded meanwhile; its next owner replays the log
                 for i, record in enumerate(append.records):
                     entry = LogRecord(outcome.base_offset + i, outcome.timestamp_ms,
@@ -216,6 +234,11 @@ class GroupCoordinator:
                 self._schedule_expiration(ctx)
                 continue
             kind, group_id, incarnation, _ = key
+            if kind in TIMER_KINDS:
+                shard = self._shards.get(self.partition_for(group_id))
+                if shard is not None:
+                    self.consumers.fire_timer(ctx, shard, key, self.topics_image)
+                continue
             group = self._group(group_id)
             if group is not None and group.incarnation == incarnation:
                 rebalance.fire_timer(ctx, key, group)
@@ -238,6 +261,10 @@ class GroupCoordinator:
             respond(join_error(member_id, error))
             return Result(None)
         assert shard is not None
+        error = self._join_consumer_group(ctx, shard, group_id)
+        if error is not None:
+            respond(join_error(member_id, error))
+            return Result(None)
         req = membership.JoinRequest(
             group_id, member_id, group_instance_id, client_id, client_host, session_timeout_ms,
             rebalance_timeout_ms if rebalance_timeout_ms >= 0 else session_timeout_ms,
@@ -296,6 +323,13 @@ class GroupCoordinator:
                       api_version: int, now_ms: int) -> Result[OffsetCommitResult]:
         ctx = self._ctx(now_ms)
         error, shard = self._check(group_id, "offset_commit")
+        if error is None and group_id in shard.consumer_groups:
+            error = self._consumer_commit_error(shard, group_id, member_id, generation_id,
+                                                False, api_version)
+            if error is None:
+                response = offsets.prepare_commit(ctx, group_id, shard.partition, topics, -1,
+                                                  -1, -1)
+                return Result(response, tuple(ctx.appends))
         if error is not None:
             return Result(commit_errors(topics, error))
         assert shard is not None
@@ -312,6 +346,13 @@ class GroupCoordinator:
         the transactional batch (the partition's producer state), not here."""
         ctx = self._ctx(now_ms)
         error, shard = self._check(group_id, "txn_offset_commit")
+        if error is None and group_id in shard.consumer_groups:
+            error = self._consumer_commit_error(shard, group_id, member_id, generation_id,
+                                                True, 0)
+            if error is None:
+                response = offsets.prepare_commit(ctx, group_id, shard.partition, topics, -1,
+                                                  producer_id, producer_epoch)
+                return Result(response, tuple(ctx.appends))
         if error is not None:
             return Result(commit_errors(topics, error))
         assert shard is not None
@@ -321,9 +362,15 @@ class GroupCoordinator:
         return Result(response, tuple(ctx.appends))
 
     def offset_fetch(self, *, group_id: str, topics: Sequence[TopicPartitionsLike] | None,
-                     require_stable: bool = False) -> OffsetFetchResult:
-        """One group of OffsetFetch (v8+ asks for several: call once per group)."""
+                     require_stable: bool = False, member_id: str | None = None,
+                     member_epoch: int = -1) -> OffsetFetchResult:
+        """One group of OffsetFetch (v8+ asks for several: call once per group). v9+ name
+        the member: a consumer group's member must be current (Kafka's validateOffsetFetch)."""
         error, shard = self._check(group_id, "offset_fetch")
+        if error is None and group_id in shard.consumer_groups \
+                and not (member_id is None and member_epoch < 0):
+            error = self.consumers.validate_member_epoch(shard.consumer_groups[group_id],
+                                                         member_id, member_epoch)
         if error is not None:
             return OffsetFetchResult(group_id, error)
         assert shard is not None
@@ -337,6 +384,9 @@ class GroupCoordinator:
         if error is not None:
             return Result(OffsetDeleteResult(error))
         assert shard is not None
+        if group_id in shard.consumer_groups:
+            response = self._consumer_offset_delete(ctx, shard, group_id, topics)
+            return Result(response, tuple(ctx.appends))
         response = offsets.offset_delete(ctx, shard.offsets, shard.groups.get(group_id),
                                          group_id, topics)
         return Result(response, tuple(ctx.appends))
@@ -351,13 +401,14 @@ class GroupCoordinator:
         """ListGroups; filters are case-insensitive, empty = everything (KIP-518, KIP-848)."""
         error = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
         states = parse_state_filter(tuple(states_filter)) if states_filter else None
+        consumer = self._consumer_listed(states_filter, types_filter)
         if types_filter and CLASSIC_GROUP_TYPE not in {t.lower() for t in types_filter}:
-            return ListGroupsResult(error, ())
+            return ListGroupsResult(error, consumer)
         listed = tuple(
             ListedGroup(g.group_id, g.protocol_type or "", g.state.value, CLASSIC_GROUP_TYPE)
             for shard in self._shards.values() for g in shard.groups.values()
             if states is None or g.state in states)
-        return ListGroupsResult(error, listed)
+        return ListGroupsResult(error, listed + consumer)
 
     def delete_groups(self, group_ids: Sequence[str],
                       now_ms: int) -> Result[list[DeleteGroupResult]]:
@@ -400,6 +451,9 @@ class GroupCoordinator:
         if isinstance(entry, TxnMarker):
             self._replay_marker(ctx, shard, entry.producer_id, entry.commit)
             return
+        if key_type(entry.key) in consumer_records.KEY_TYPES:
+            self.consumers.replay(ctx, shard, entry.key, entry.value)
+            return
         key = decode_key(entry.key)
         if isinstance(key, GroupMetadataKey):
             self._replay_group(ctx, shard, key.group, entry.value, loading)
@@ -423,7 +477,7 @@ class GroupCoordinator:
         """Committed offsets without membership make a "simple" group (no protocol type).
         Pending offsets do not: an aborted transaction leaves no group behind, so the state
         after replay does not depend on whether compaction kept the aborted records."""
-        if group_id not in shard.groups:
+        if group_id not in shard.groups and group_id not in shard.consumer_groups:
             shard.groups[group_id] = Group(group_id, shard.partition, S.EMPTY, ctx.now_ms)
 
     @staticmethod
@@ -467,6 +521,9 @@ class GroupCoordinator:
             return offsets.delete_failed(intent.response, error)  # type: ignore[return-value]
         if shard is None:
             return response
+        if isinstance(intent, ConsumerWrite):
+            self.consumers.failed(shard, intent)
+            return self.consumer_write_failed(intent, response, error)
         if isinstance(intent, DeleteGroups):
             self._revert_delete(ctx, shard, intent.group_ids)
             if isinstance(response, list):
@@ -483,6 +540,8 @@ class GroupCoordinator:
 
     def _prepare_delete(self, ctx: Ctx, shard: Shard, group_id: str,
                         by_partition: dict[int, list]) -> ErrorCode | None:
+        if group_id in shard.consumer_groups:
+            return self._consumer_delete(ctx, shard, group_id)
         group = shard.groups.get(group_id)
         if group is None or group.is_(S.DEAD):
             return ErrorCode.group_id_not_found
@@ -539,6 +598,8 @@ class GroupCoordinator:
         if error is not None:
             return DescribedGroup(group_id, error, "")
         assert shard is not None
+        if group_id in shard.consumer_groups:
+            return self._consumer_described(shard, group_id)
         group = shard.groups.get(group_id)
         if group is None:
             return DescribedGroup(group_id, ErrorCode.none, S.DEAD.value)

@@ -71,6 +71,9 @@ class Properties:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+GROUP_PROTOCOLS = ("classic", "consumer")
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessorConfig:
     """Static settings of a processor. Times are in milliseconds."""
@@ -104,6 +107,12 @@ class ProcessorConfig:
 
     handler_kind: str = "auto"  # "auto" | "thread" | "asyncio"
 
+    # "classic" (JoinGroup/SyncGroup, with the cooperative-sticky assignor) or "consumer":
+    # Kafka 4's consumer group protocol (KIP-848), where the broker assigns partitions and
+    # moves them one by one - no group-wide pause when a member joins or leaves. Needs a
+    # broker that speaks it (onceflow, Kafka 4.0+); see docs/processor.md.
+    group_protocol: str = "classic"
+
     def __post_init__(self) -> None:
         if self.max_pending_records < 1:
             raise ValueError("max_pending_records must be >= 1")
@@ -113,6 +122,8 @@ class ProcessorConfig:
             raise ValueError("poll_batch_records must be >= 1")
         if self.exactly_once and not self.transactional_id:
             raise ValueError("exactly_once needs a transactional_id (stable per instance)")
+        if self.group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group_protocol must be one of {GROUP_PROTOCOLS}")
         if self.handler_kind not in ("auto", "thread", "asyncio"):
             raise ValueError("handler_kind must be 'auto', 'thread' or 'asyncio'")
         if self.offset_map_bytes_max < 0:

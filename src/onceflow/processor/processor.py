@@ -208,6 +208,8 @@ class Processor:
         consumer_config = self._consumer_settings()
         consumer = Consumer(consumer_config)
         strategy = str(consumer_config.get("partition.assignment.strategy", ""))
+        # the consumer protocol assigns incrementally, like cooperative-sticky
+        incremental = "cooperative" in strategy or self.config.group_protocol == "consumer"
         self._subscription = Subscription(
             consumer=consumer,
             topics=self.topics,
@@ -219,7 +221,7 @@ class Processor:
             metrics=self.metrics,
             committer=self._committer(consumer),
             outputs=None if self.config.exactly_once else OutputProducer(self._output_producer),
-            cooperative="cooperative" in strategy,
+            cooperative=incremental,
             clock=Clock(),
             stop=self._stop,
         )
@@ -252,13 +254,18 @@ class Processor:
         )
 
     def _consumer_settings(self) -> dict[str, Any]:
+        # The consumer protocol has no client-side assignor (librdkafka refuses one):
+        # the broker's `uniform` assignor does what cooperative-sticky does here.
+        protocol: dict[str, Any] = (
+            {"group.protocol": "consumer"} if self.config.group_protocol == "consumer"
+            else {"partition.assignment.strategy": "cooperative-sticky"})
         return {
             "bootstrap.servers": self._bootstrap_servers,
             "group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": self.config.auto_offset_reset,
-            "partition.assignment.strategy": "cooperative-sticky",
+            **protocol,
             "isolation.level": "read_committed",
             **self._consumer_config,
         }

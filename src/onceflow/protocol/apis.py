@@ -33,8 +33,9 @@ Client facts the ranges rest on (read from the clients' sources):
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
-__all__ = ("SUPPORTED", "ApiKey", "is_supported")
+__all__ = ("FEATURES", "SUPPORTED", "ApiKey", "Feature", "is_supported")
 
 
 class ApiKey(enum.IntEnum):
@@ -74,14 +75,17 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 # api_key -> (min_version, max_version), both inclusive.
 SUPPORTED: dict[int, tuple[int, int]] = {
     # v3 is the first with record format v2 (and Kafka 4.0's minimum). The range
-    # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v11 is the
-    # last version without transactions V2 (KIP-890 part 2, v12) and topic ids (v13).
-    ApiKey.PRODUCE: (3, 11),
+    # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v12 is
+    # transactions V2 (KIP-890 part 2: the broker adds partitions to the transaction);
+    # v13 names topics by id (not offered; Java 4.x caps itself at v12 then).
+    ApiKey.PRODUCE: (3, 12),
     # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
     # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). The
     # maximum is v12, the last version that names topics: v13+ sends topic ids
@@ -133,9 +137,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # knows v0-6 and takes the highest both sides have. v6 (KIP-939 two-phase commit)
     # is not offered: nothing implements 2PC.
     ApiKey.INIT_PRODUCER_ID: (0, 5),
-    # Transactions (issue 5), transactions V1 only: nothing of KIP-890 part 2 (EndTxn v5,
-    # TxnOffsetCommit v5, Produce v12), which Java 4.x uses only when the broker finalizes
-    # the transaction.version feature (we do not). Clients send: librdkafka 2.16
+    # Transactions (issue 5) and transactions V2 (issue 16, KIP-890 part 2: EndTxn v5
+    # answers the bumped epoch, TxnOffsetCommit v5 and Produce v12 have the broker add the
+    # partition), which Java 4.x uses when the transaction.version feature is 2 (FEATURES
+    # below). Clients send: librdkafka 2.16
     # AddPartitionsToTxn v0, AddOffsetsToTxn v0, EndTxn v0-1, TxnOffsetCommit v0-3;
     # kafka-python 3.0 AddPartitionsToTxn/AddOffsetsToTxn/EndTxn/TxnOffsetCommit v0-3;
     # aiokafka 0.14 v0 of each; Java 3.x/4.x AddPartitionsToTxn up to v3 (v4+ is
@@ -145,15 +150,44 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # V2) serves the admin's abortTransaction of a hanging transaction.
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
-    ApiKey.END_TXN: (0, 4),
-    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.END_TXN: (0, 5),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 5),
     ApiKey.WRITE_TXN_MARKERS: (1, 1),
     # Admin APIs (Java AdminClient, kafka-transactions.sh, `onceflow txn`): ListTransactions
     # v1 adds the duration filter, v2 (Kafka 4.0) the transactional id pattern.
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 2),
+    # The consumer group protocol (KIP-848). ConsumerGroupHeartbeat v0: the coordinator
+    # makes member ids (Java 3.7-3.9, preview); v1 (Kafka 4.0): the client makes them and
+    # may subscribe with a regex - librdkafka 2.16 sends only v1. ConsumerGroupDescribe v1
+    # adds the member type (KIP-1099).
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    """A feature flag of ApiVersions v3+ (KIP-584): the levels this broker supports, and
+    the level it finalizes unless the broker's configuration says otherwise (`level_of`).
+    Kafka leaves out finalized features at level 0."""
+
+    name: str
+    min_level: int
+    max_level: int
+    default_level: int
+
+
+# The features clients act on. group.version 1 = the consumer group protocol is enabled
+# (Kafka 4.0's default). transaction.version 2 = transactions V2 (KIP-890 part 2): a Java
+# 4.x producer then sends Produce v12, TxnOffsetCommit v5 and EndTxn v5 and bumps its epoch
+# per transaction; finalized at 1 by default (`--transaction-version 2` raises it), see
+# docs/transactions.md. Other features (issue 15) go in this table too.
+FEATURES: tuple[Feature, ...] = (
+    Feature("group.version", 0, 1, 1),
+    Feature("transaction.version", 0, 2, 1),
+)
 
 
 def is_supported(api_key: int, api_version: int) -> bool:

@@ -60,9 +60,12 @@ class InitProducerIdResult:
 @dataclass(frozen=True, slots=True)
 class TxnResult:
     """AddPartitionsToTxn (one error for every partition of the transaction, as Kafka's
-    coordinator answers), AddOffsetsToTxn, EndTxn."""
+    coordinator answers), AddOffsetsToTxn, EndTxn. EndTxn v5 (transactions V2) also
+    answers the producer id and epoch the client goes on with."""
 
     error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,7 @@ class MarkerWrite:
     commit: bool
     coordinator_epoch: int
     partitions: tuple[TopicPartition, ...]
+    transaction_version: int = 0  # 2: the marker's epoch was bumped (transactions V2)
 
     def markers(self) -> tuple[TxnMarker, ...]:
         return tuple(TxnMarker(tp.topic, tp.partition, self.producer_id, self.producer_epoch,

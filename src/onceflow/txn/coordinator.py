@@ -70,7 +70,7 @@ from onceflow.txn.api import (
 from onceflow.txn.config import TxnConfig
 from onceflow.txn.handlers import Decision, Expire, Kind, Transit
 from onceflow.txn.markers import MarkerJob, MarkerOutcome
-from onceflow.txn.metadata import TxnMetadata, check_replay
+from onceflow.txn.metadata import TxnMetadata, check_replay, client_identity
 from onceflow.txn.metadata import complete as complete_metadata
 from onceflow.txn.records import decode_key, decode_value, encode_key, partition_for, txn_record
 from onceflow.txn.state import (
@@ -215,7 +215,8 @@ class TransactionCoordinator:
 
     def add_partitions_to_txn(self, *, transactional_id: str, producer_id: int,
                               producer_epoch: int, partitions: Iterable[tuple[str, int]],
-                              now_ms: int) -> Result[TxnResult]:
+                              now_ms: int, client_transaction_version: int | None = None
+                              ) -> Result[TxnResult]:
         """AddPartitionsToTxn for one transaction (v0-v3 carry one; the broker loops over the
         transactions of a v4+ request). One error for all partitions, as in Kafka's
         coordinator; topic existence and authorization are the broker handler's business."""
@@ -228,7 +229,7 @@ class TransactionCoordinator:
         assert shard is not None
         decision = handlers.decide_add(
             shard.txns.get(transactional_id), self._is_pending(transactional_id), producer_id,
-            producer_epoch, wanted, now_ms)
+            producer_epoch, wanted, now_ms, client_transaction_version)
         if isinstance(decision, ErrorCode):
             return Result(TxnResult(decision))
         return self._write(shard, decision, TxnResult(E.none))
@@ -243,20 +244,29 @@ class TransactionCoordinator:
             producer_epoch=producer_epoch, partitions=[offsets_partition], now_ms=now_ms)
 
     def end_txn(self, *, transactional_id: str, producer_id: int, producer_epoch: int,
-                commit: bool, now_ms: int) -> Result[TxnResult]:
-        """EndTxn. Answered once Prepare* is durable; the markers follow (see complete)."""
+                commit: bool, now_ms: int, transactions_v2: bool = False) -> Result[TxnResult]:
+        """EndTxn. Answered once Prepare* is durable; the markers follow (see complete).
+        `transactions_v2` (EndTxn v5+): the epoch is bumped by every end and answered."""
         if not handlers.valid_id(transactional_id):
             return Result(TxnResult(E.invalid_request))
         error, shard = self._check(transactional_id)
         if error is not None:
             return Result(TxnResult(error))
         assert shard is not None
-        decision = handlers.decide_end(
-            shard.txns.get(transactional_id), self._is_pending(transactional_id), producer_id,
-            producer_epoch, commit, now_ms)
+        current = shard.txns.get(transactional_id)
+        pending = self._is_pending(transactional_id)
+        if not transactions_v2:
+            decision = handlers.decide_end(current, pending, producer_id, producer_epoch, commit,
+                                           now_ms)
+        else:
+            decision = handlers.decide_end_v2(current, pending, producer_id, producer_epoch,
+                                              commit, now_ms, self._allocate_producer_id)
+        if decision is E.none and transactions_v2 and current is not None:
+            return Result(TxnResult(E.none, current.producer_id, current.producer_epoch))
         if isinstance(decision, ErrorCode):
             return Result(TxnResult(decision))
-        return self._write(shard, decision, TxnResult(E.none))
+        identity = client_identity(decision.target) if transactions_v2 else (-1, -1)
+        return self._write(shard, decision, TxnResult(E.none, *identity))
 
     def verify_partitions(self, *, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[tuple[str, int]]) -> dict[TopicPartition, ErrorCode]:
@@ -477,7 +487,8 @@ class TransactionCoordinator:
         """Prepare* is durable: write the markers (Kafka's addTxnMarkersToSend)."""
         commit = txn.state is S.PREPARE_COMMIT
         job = MarkerJob(txn.transactional_id, txn.producer_id, txn.producer_epoch, commit,
-                        shard.coordinator_epoch, set(txn.partitions))
+                        shard.coordinator_epoch, set(txn.partitions),
+                        txn.client_transaction_version)
         self._jobs[txn.transactional_id] = job
         self._pending[txn.transactional_id] = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
         if job.remaining:

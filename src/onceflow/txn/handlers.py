@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from onceflow.protocol.records import NO_PRODUCER_ID
 from onceflow.txn import metadata as md
 from onceflow.txn.api import TopicPartition
 from onceflow.txn.metadata import TxnMetadata, is_epoch_exhausted
@@ -134,8 +135,10 @@ def _check_producer(current: TxnMetadata | None, producer_id: int,
 
 def decide_add(current: TxnMetadata | None, pending: bool, producer_id: int,
                producer_epoch: int, partitions: frozenset[TopicPartition],
-               now_ms: int) -> ErrorCode | Decision:
-    """AddPartitionsToTxn (and AddOffsetsToTxn, with the group's offsets partition)."""
+               now_ms: int, client_transaction_version: int | None = None
+               ) -> ErrorCode | Decision:
+    """AddPartitionsToTxn (and AddOffsetsToTxn, with the group's offsets partition); the
+    broker's implicit add of transactions V2 passes client_transaction_version 2."""
     error = _check_producer(current, producer_id, producer_epoch)
     if error is not None:
         return error
@@ -144,7 +147,8 @@ def decide_add(current: TxnMetadata | None, pending: bool, producer_id: int,
         return E.concurrent_transactions
     if current.state is S.ONGOING and partitions <= current.partitions:
         return E.none  # already recorded: Kafka answers at once, writing nothing
-    return Decision(Kind.ADD, md.add_partitions(current, partitions, now_ms))
+    return Decision(Kind.ADD, md.add_partitions(current, partitions, now_ms,
+                                                client_transaction_version))
 
 
 # EndTxn in a state where it is not a transition: the answer for (state, commit?).
@@ -174,6 +178,51 @@ def decide_end(current: TxnMetadata | None, pending: bool, producer_id: int,
     if current.state is S.ONGOING:
         return Decision(Kind.END, md.prepare_end(current, commit, now_ms))
     return _END_TXN_ANSWERS[(current.state, commit)]
+
+
+def decide_end_v2(current: TxnMetadata | None, pending: bool, producer_id: int,
+                  producer_epoch: int, commit: bool, now_ms: int,
+                  allocate_producer_id: Callable[[], int]) -> ErrorCode | Decision:
+    """EndTxn v5 (transactions V2; Kafka 4.0's endTransaction for TV2). Every end bumps the
+    epoch, so a request at the current epoch is the *next* end and one at epoch - 1 is a
+    retry of the last: see the table in state.py (Complete*) for how each is answered."""
+    if current is None:
+        return E.invalid_producer_id_mapping
+    retry_on_overflow = (current.previous_producer_id == producer_id
+                         and producer_epoch == md.EPOCH_EXHAUSTED and current.producer_epoch == 0)
+    retry_on_bump = current.producer_epoch == producer_epoch + 1
+    state = current.state
+    if state in (S.ONGOING, S.EMPTY):
+        valid = producer_epoch == current.producer_epoch
+    elif state in PREPARE_STATES:
+        valid = retry_on_bump
+    else:
+        valid = retry_on_bump or retry_on_overflow or producer_epoch == current.producer_epoch
+    if current.producer_id != producer_id and not retry_on_overflow:
+        return E.invalid_producer_id_mapping
+    if not valid:
+        return E.producer_fenced
+    if pending:
+        return E.concurrent_transactions
+    retry = retry_on_bump or retry_on_overflow
+    if state is S.ONGOING:
+        return _end_v2(current, commit, now_ms, allocate_producer_id, no_partition_added=False)
+    if state in PREPARE_STATES:
+        same = (state is S.PREPARE_COMMIT) == commit
+        return E.concurrent_transactions if same else E.invalid_txn_state
+    if state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT) and retry:
+        return E.none if (state is S.COMPLETE_COMMIT) == commit else E.invalid_txn_state
+    if commit:
+        return E.invalid_txn_state  # Empty, or a new commit with nothing open
+    return _end_v2(current, commit, now_ms, allocate_producer_id, no_partition_added=True)
+
+
+def _end_v2(current: TxnMetadata, commit: bool, now_ms: int,
+            allocate_producer_id: Callable[[], int], no_partition_added: bool) -> Decision:
+    next_producer_id = allocate_producer_id() if is_epoch_exhausted(current.producer_epoch) \
+        else NO_PRODUCER_ID
+    return Decision(Kind.END, md.prepare_end_v2(current, commit, now_ms, next_producer_id,
+                                                no_partition_added))
 
 
 def decide_timeout(current: TxnMetadata, pending: bool, now_ms: int) -> Decision | None:

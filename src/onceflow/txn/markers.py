@@ -81,6 +81,7 @@ class MarkerJob:
     commit: bool
     coordinator_epoch: int
     remaining: set[TopicPartition]
+    transaction_version: int = 0  # the markers' epoch check (producer_state)
     in_flight: set[TopicPartition] = field(default_factory=set)
     completing: bool = False  # the Complete* record is being appended
     seq: int = field(default_factory=lambda: next(_job_seq))  # names this job's timers
@@ -90,7 +91,8 @@ class MarkerJob:
         assert partitions <= self.remaining and not partitions & self.in_flight
         self.in_flight |= partitions
         return MarkerWrite(self.transactional_id, self.producer_id, self.producer_epoch,
-                           self.commit, self.coordinator_epoch, tuple(sorted(partitions)))
+                           self.commit, self.coordinator_epoch, tuple(sorted(partitions)),
+                           self.transaction_version)
 
     def waiting(self) -> set[TopicPartition]:
         """Remaining partitions not in flight: those to retry."""

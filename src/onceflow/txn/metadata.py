@@ -13,7 +13,7 @@ failed fence was never applied, so the next fence bumps from the same epoch).
 
 What is durable: everything in TransactionLogValue - producer id, previous producer id
 (the id before the last transition: after a rotation, the exhausted one), next producer id
-(transactions V2 only; always -1 here), epoch, timeout, state, partitions, start and
+(transactions V2: the id that takes over at epoch exhaustion, until then -1), epoch, timeout, state, partitions, start and
 last-update timestamps. What is not: `last_producer_epoch`, the epoch before a KIP-360
 bump, which Kafka keeps only in memory and loads as -1. It exists so that a *retry* of a
 successful InitProducerId(pid, epoch) is answered with the same epoch instead of bumping
@@ -41,6 +41,7 @@ from onceflow.txn.state import TxnState, check_transition
 S = TxnState
 
 EPOCH_MAX = 0x7FFF  # producer epochs are int16
+TRANSACTION_VERSION_2 = 2  # ClientTransactionVersion of transactions V2 (KIP-890 part 2)
 EPOCH_EXHAUSTED = EPOCH_MAX - 1  # see the module docstring
 NO_TIMESTAMP = -1  # txn_start_timestamp_ms when no transaction started since InitProducerId
 
@@ -165,11 +166,16 @@ def rotate_producer_id(current: TxnMetadata, new_producer_id: int, txn_timeout_m
 
 
 def add_partitions(current: TxnMetadata, partitions: Iterable[TopicPartition],
-                   now_ms: int) -> TxnMetadata:
-    """AddPartitionsToTxn / AddOffsetsToTxn -> Ongoing; the first one starts the transaction."""
+                   now_ms: int, client_transaction_version: int | None = None) -> TxnMetadata:
+    """AddPartitionsToTxn / AddOffsetsToTxn -> Ongoing; the first one starts the transaction.
+    A partition added by the broker for a V2 client (Produce v12, TxnOffsetCommit v5)
+    records the client's transaction version, as Kafka does."""
     starting = current.state in (S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+    version = (current.client_transaction_version if client_transaction_version is None
+               else client_transaction_version)
     return _transit(current, replace(
         current, state=S.ONGOING, partitions=current.partitions | frozenset(partitions),
+        client_transaction_version=version,
         txn_start_timestamp_ms=now_ms if starting else current.txn_start_timestamp_ms,
         txn_last_update_timestamp_ms=now_ms))
 
@@ -190,13 +196,44 @@ def prepare_end(current: TxnMetadata, commit: bool, now_ms: int) -> TxnMetadata:
     return _transit(current, replace(current, state=target, txn_last_update_timestamp_ms=now_ms))
 
 
+def prepare_end_v2(current: TxnMetadata, commit: bool, now_ms: int, next_producer_id: int,
+                   no_partition_added: bool) -> TxnMetadata:
+    """EndTxn v5 (transactions V2, Kafka's prepareAbortOrCommit with TV2): the epoch is
+    bumped now, so every marker carries the new epoch and fences the old one; when the old
+    epoch was exhausted the next producer id is taken at completion. An abort with no
+    partition added starts (and ends) its transaction now."""
+    target = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
+    assert current.producer_epoch < EPOCH_MAX, "an exhausted epoch rotates the producer id"
+    return _transit(current, replace(
+        current, state=target, producer_epoch=current.producer_epoch + 1,
+        last_producer_epoch=current.producer_epoch, next_producer_id=next_producer_id,
+        client_transaction_version=TRANSACTION_VERSION_2,
+        txn_start_timestamp_ms=now_ms if no_partition_added else current.txn_start_timestamp_ms,
+        txn_last_update_timestamp_ms=now_ms))
+
+
+def client_identity(target: TxnMetadata) -> tuple[int, int]:
+    """The producer id and epoch a V2 client uses after `target` (EndTxn v5's answer):
+    the next producer id with epoch 0 when the epoch was exhausted."""
+    if target.next_producer_id != NO_PRODUCER_ID:
+        return target.next_producer_id, 0
+    return target.producer_id, target.producer_epoch
+
+
 def complete(current: TxnMetadata, now_ms: int) -> TxnMetadata:
     """Every marker is written: Prepare* -> Complete*, partitions cleared, start timestamp
-    kept (prepareComplete; Kafka also sets the last epoch to the current one)."""
+    kept (prepareComplete; Kafka also sets the last epoch to the current one). Transactions
+    V2 with an exhausted epoch: the next producer id takes over with epoch 0."""
     target = S.COMPLETE_COMMIT if current.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT
+    producer_id, epoch = current.producer_id, current.producer_epoch
+    last = current.producer_epoch
+    if current.next_producer_id != NO_PRODUCER_ID:
+        producer_id, epoch = current.next_producer_id, 0
+        last = current.last_producer_epoch  # the last epoch the client saw of the old id
     return _transit(current, replace(
         current, state=target, partitions=frozenset(), next_producer_id=NO_PRODUCER_ID,
-        last_producer_epoch=current.producer_epoch, txn_last_update_timestamp_ms=now_ms))
+        producer_id=producer_id, producer_epoch=epoch,
+        last_producer_epoch=last, txn_last_update_timestamp_ms=now_ms))
 
 
 def check_replay(current: TxnMetadata | None, new: TxnMetadata) -> None:

@@ -39,11 +39,22 @@ CRC, so this means a version we do not know or a bug: fail loudly).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
+from onceflow.groups.flexible import I8 as _I8
+from onceflow.groups.flexible import I16 as _I16
+from onceflow.groups.flexible import I32 as _I32
+from onceflow.groups.flexible import I64 as _I64
+from onceflow.groups.flexible import (
+    STRING_BYTES_MAX,
+    FlexibleReader,
+    compact_array_head,
+    tag_int,
+    tagged,
+    utf8,
+    uvarint,
+)
 from onceflow.groups.records import (  # shared with the group coordinator, not duplicated
-    Reader,
     Record,
     RecordFormatError,
     java_string_hashcode,
@@ -66,19 +77,10 @@ TAG_NEXT_PRODUCER_ID = 1
 TAG_CLIENT_TRANSACTION_VERSION = 2
 NO_PRODUCER_ID = -1
 
-# Strings in the key and topic names carry an int16 length in v0 (Kafka's readString also
-# caps compact strings at Short.MAX_VALUE).
-STRING_BYTES_MAX = 0x7FFF
-_VARINT_BYTES_MAX = 5  # an unsigned varint of an int32 takes at most 5 bytes
 _PARTITION_BYTES = 4
 # smallest encoding of one PartitionsSchema entry: empty topic + empty id array
 # (+ its tagged-field count in v1)
 _TOPIC_ENTRY_BYTES_MIN = {0: 2 + 4, 1: 1 + 1 + 1}
-
-_I8 = struct.Struct(">b")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-_I64 = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,37 +103,15 @@ class TxnLogValue:
 # ---------------------------------------------------------------- encoding
 
 
-def _uvarint(n: int) -> bytes:
-    assert n >= 0
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _utf8(s: str) -> bytes:
-    data = s.encode()
-    if len(data) > STRING_BYTES_MAX:
-        raise RecordFormatError(f"string of {len(data)} bytes exceeds {STRING_BYTES_MAX}")
-    return data
-
-
 def _string(s: str, flexible: bool) -> bytes:
-    data = _utf8(s)
-    return (_uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
+    data = utf8(s)
+    return (uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
 
 
 def _array_head(count: int | None, flexible: bool) -> bytes:
     if flexible:
-        return _uvarint(0 if count is None else count + 1)
+        return compact_array_head(count)
     return _I32.pack(-1 if count is None else count)
-
-
-def _tagged(fields: list[tuple[int, bytes]]) -> bytes:
-    return _uvarint(len(fields)) + b"".join(
-        _uvarint(tag) + _uvarint(len(data)) + data for tag, data in fields)
 
 
 def encode_key(transactional_id: str) -> bytes:
@@ -146,7 +126,7 @@ def _encode_partitions(v: TxnLogValue, flexible: bool) -> bytes:
         out.append(_array_head(len(partitions), flexible))
         out.extend(_I32.pack(p) for p in partitions)
         if flexible:
-            out.append(_tagged([]))
+            out.append(tagged([]))
     return b"".join(out)
 
 
@@ -169,7 +149,7 @@ def encode_value(v: TxnLogValue, version: int = VALUE_VERSION_WRITTEN) -> bytes:
             tags.append((TAG_NEXT_PRODUCER_ID, _I64.pack(v.next_producer_id)))
         if v.client_transaction_version != 0:
             tags.append((TAG_CLIENT_TRANSACTION_VERSION, _I16.pack(v.client_transaction_version)))
-        body.append(_tagged(tags))
+        body.append(tagged(tags))
     return b"".join(body)
 
 
@@ -181,20 +161,10 @@ def txn_record(transactional_id: str, value: TxnLogValue | None) -> Record:
 # ---------------------------------------------------------------- decoding
 
 
-class _Reader(Reader):
-    """The group records' reader, plus the flexible (varint) encodings of value v1."""
+class _Reader(FlexibleReader):
+    """The flexible reader, plus the v0/v1 choice of string and array encodings."""
 
-    def uvarint(self) -> int:
-        result = shift = 0
-        for _ in range(_VARINT_BYTES_MAX):
-            byte = self.take(1)[0]
-            result |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return result
-            shift += 7
-        raise RecordFormatError("unsigned varint longer than 5 bytes")
-
-    def string(self, flexible: bool) -> str:
+    def string(self, flexible: bool) -> str:  # type: ignore[override]
         n = self.uvarint() - 1 if flexible else self.int16()
         if n < 0 or n > STRING_BYTES_MAX:
             raise RecordFormatError(f"bad string length {n}")
@@ -205,7 +175,9 @@ class _Reader(Reader):
 
     def array_count(self, flexible: bool, entry_bytes_min: int) -> int | None:
         """Element count (None = null), checked against the bytes that remain."""
-        n = self.uvarint() - 1 if flexible else self.int32()
+        if flexible:
+            return self.compact_count(entry_bytes_min)
+        n = self.int32()
         if n == -1:
             return None
         if n < 0 or n * entry_bytes_min > self.remaining():
@@ -237,29 +209,8 @@ def _decode_partitions(r: _Reader, version: int) -> tuple[tuple[str, tuple[int, 
             raise RecordFormatError("null PartitionIds array")
         topics.append((topic, tuple(r.int32() for _ in range(n))))
         if flexible:
-            _skip_tags(r)
+            r.tags()
     return tuple(topics)
-
-
-def _skip_tags(r: _Reader) -> dict[int, bytes]:
-    """Read a tagged-field section; returns {tag: raw bytes}."""
-    fields: dict[int, bytes] = {}
-    count = r.uvarint()
-    if count > r.remaining():
-        raise RecordFormatError(f"{count} tagged fields cannot fit {r.remaining()} bytes")
-    for _ in range(count):
-        tag = r.uvarint()
-        fields[tag] = bytes(r.take(r.uvarint()))
-    return fields
-
-
-def _tag_int(fields: dict[int, bytes], tag: int, fmt: struct.Struct, default: int) -> int:
-    raw = fields.get(tag)
-    if raw is None:
-        return default
-    if len(raw) != fmt.size:
-        raise RecordFormatError(f"tagged field {tag} has {len(raw)} bytes, expected {fmt.size}")
-    return fmt.unpack(raw)[0]
 
 
 def decode_value(data: bytes) -> TxnLogValue:
@@ -274,11 +225,11 @@ def decode_value(data: bytes) -> TxnLogValue:
     partitions = _decode_partitions(r, version)
     last_update_ms = r.int64()
     start_ms = r.int64()
-    tags = _skip_tags(r) if version >= _FLEXIBLE_FROM else {}
+    tags = r.tags() if version >= _FLEXIBLE_FROM else {}
     r.done()
     return TxnLogValue(
         producer_id, producer_epoch, timeout_ms, status, partitions, last_update_ms, start_ms,
-        previous_producer_id=_tag_int(tags, TAG_PREVIOUS_PRODUCER_ID, _I64, NO_PRODUCER_ID),
-        next_producer_id=_tag_int(tags, TAG_NEXT_PRODUCER_ID, _I64, NO_PRODUCER_ID),
-        client_transaction_version=_tag_int(tags, TAG_CLIENT_TRANSACTION_VERSION, _I16, 0),
+        previous_producer_id=tag_int(tags, TAG_PREVIOUS_PRODUCER_ID, _I64, NO_PRODUCER_ID),
+        next_producer_id=tag_int(tags, TAG_NEXT_PRODUCER_ID, _I64, NO_PRODUCER_ID),
+        client_transaction_version=tag_int(tags, TAG_CLIENT_TRANSACTION_VERSION, _I16, 0),
     )

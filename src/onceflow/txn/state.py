@@ -51,8 +51,10 @@ class TxnState(enum.Enum):
           id with epoch 0 when the epoch is exhausted.
         AddPartitionsToTxn / AddOffsetsToTxn: the partitions are recorded -> Ongoing (the
           transaction starts now: txn_start_timestamp).
-        EndTxn: INVALID_TXN_STATE (nothing to end).
-        Leaves: to Empty (InitProducerId), Ongoing (first partition), Dead (expired).""",
+        EndTxn: INVALID_TXN_STATE (nothing to end); transactions V2: EndTxn(abort) bumps
+          the epoch -> PrepareAbort with no partition.
+        Leaves: to Empty (InitProducerId), Ongoing (first partition), PrepareAbort (V2),
+          Dead (expired).""",
     )
     ONGOING = (
         "Ongoing", 1,
@@ -63,7 +65,9 @@ class TxnState(enum.Enum):
           told CONCURRENT_TRANSACTIONS; its retry finds CompleteAbort and bumps again.
         AddPartitionsToTxn / AddOffsetsToTxn: NONE at once when every partition is already
           recorded, else the larger set is written -> Ongoing.
-        EndTxn(commit) -> PrepareCommit; EndTxn(abort) -> PrepareAbort.
+        EndTxn(commit) -> PrepareCommit; EndTxn(abort) -> PrepareAbort. Transactions V2
+          (EndTxn v5): the same with epoch + 1 (and a new producer id at exhaustion, taken
+          when the markers are done), answered with the new producer id and epoch.
         Timeout (txn_start_timestamp + timeout < now): aborted with an epoch bump, like a
           fencing InitProducerId.
         Leaves: to Ongoing, PrepareCommit, PrepareAbort, PrepareEpochFence (pending only).""",
@@ -96,7 +100,11 @@ class TxnState(enum.Enum):
         AddPartitionsToTxn / AddOffsetsToTxn: a new transaction starts -> Ongoing.
         EndTxn(commit): NONE (an idempotent retry of the commit that completed);
           EndTxn(abort): INVALID_TXN_STATE.
-        Leaves: to Empty, Ongoing, Dead (expired).""",
+        Transactions V2 (EndTxn v5): a retry (epoch + 1 = the current one) of the commit
+          that completed: NONE with the current epoch; EndTxn(abort) at the current epoch
+          aborts an empty transaction (epoch + 1) -> PrepareAbort; otherwise
+          INVALID_TXN_STATE (commit) or PRODUCER_FENCED (another epoch).
+        Leaves: to Empty, Ongoing, PrepareAbort (V2), Dead (expired).""",
     )
     COMPLETE_ABORT = (
         "CompleteAbort", 5,
@@ -105,7 +113,8 @@ class TxnState(enum.Enum):
 
         InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn: as in CompleteCommit.
         EndTxn(abort): NONE (a retry); EndTxn(commit): INVALID_TXN_STATE.
-        Leaves: to Empty, Ongoing, Dead (expired).""",
+        Transactions V2: as in CompleteCommit, with abort and commit swapped.
+        Leaves: to Empty, Ongoing, PrepareAbort (V2), Dead (expired).""",
     )
     DEAD = (
         "Dead", 6,
@@ -141,15 +150,16 @@ class TxnState(enum.Enum):
 _S = TxnState
 _BY_ID: dict[int, TxnState] = {s.id: s for s in TxnState}
 
-# Kafka's validPreviousStates (TransactionMetadata.scala, transaction.version < 2): the
-# states each state may be entered from. (Transactions V2 adds Empty/Complete* ->
-# PrepareAbort for clients that abort without knowing the server's state; our clients
-# speak V1, so those edges stay illegal here.)
+# Kafka's validPreviousStates (TransactionMetadata.scala): the states each state may be
+# entered from. Empty/Complete* -> PrepareAbort exist for transactions V2 only (KIP-890
+# part 2): a V2 client may abort without knowing whether the broker ever added a
+# partition; handlers.decide_end takes those edges only for EndTxn v5+.
 VALID_PREVIOUS_STATES: dict[TxnState, frozenset[TxnState]] = {
     _S.EMPTY: frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.ONGOING: frozenset({_S.ONGOING, _S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.PREPARE_COMMIT: frozenset({_S.ONGOING}),
-    _S.PREPARE_ABORT: frozenset({_S.ONGOING, _S.PREPARE_EPOCH_FENCE}),
+    _S.PREPARE_ABORT: frozenset({_S.ONGOING, _S.PREPARE_EPOCH_FENCE, _S.EMPTY,
+                                 _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),
     _S.COMPLETE_COMMIT: frozenset({_S.PREPARE_COMMIT}),
     _S.COMPLETE_ABORT: frozenset({_S.PREPARE_ABORT}),
     _S.DEAD: frozenset({_S.EMPTY, _S.COMPLETE_COMMIT, _S.COMPLETE_ABORT}),

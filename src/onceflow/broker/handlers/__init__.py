@@ -52,6 +52,7 @@ _MODULES = (
     "offsets",       # issue 4: OffsetCommit, OffsetFetch, OffsetDelete; issue 5: TxnOffsetCommit
     "producer_ids",
     "transactions",  # issue 5: AddPartitionsToTxn .. EndTxn, Describe/ListTransactions, DescribeProducers
+    "consumer_groups",  # issue 16: ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848)
 )
 
 

@@ -11,7 +11,13 @@ import re
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.protocol.apis import SUPPORTED
+from onceflow.protocol.apis import FEATURES, SUPPORTED
+
+# ApiVersions v3 carries the features (KIP-584) in tagged fields.
+FEATURES_MIN_VERSION = 3
+# Kafka's finalized-features epoch is the metadata offset they were finalized at; ours
+# never change while the broker runs, so any fixed non-negative value says "valid".
+FINALIZED_FEATURES_EPOCH = 0
 
 # Kafka's ApiVersionsRequest.SOFTWARE_NAME_VERSION_PATTERN.
 _SOFTWARE_PATTERN = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
@@ -32,7 +38,23 @@ def _software_ok(body) -> bool:
     return all(v is not None and _SOFTWARE_PATTERN.fullmatch(v) for v in (name, version))
 
 
+def features(levels: dict[str, int]) -> dict:
+    """The features of an ApiVersions v3+ answer; `levels` overrides finalized levels."""
+    finalized = [(f.name, levels.get(f.name, f.default_level)) for f in FEATURES]
+    return {
+        "supported_features": [{"name": f.name, "min_version": f.min_level,
+                                "max_version": f.max_level} for f in FEATURES],
+        "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+        "finalized_features": [{"name": name, "min_version_level": level,
+                                "max_version_level": level}
+                               for name, level in finalized if level != 0],
+    }
+
+
 @handles(ApiKey.API_VERSIONS)
 async def api_versions(ctx: RequestContext, body) -> dict:
     error = ErrorCode.none if _software_ok(body) else ErrorCode.invalid_request
-    return {"error_code": error, "api_keys": api_keys(), "throttle_time": 0}
+    answer = {"error_code": error, "api_keys": api_keys(), "throttle_time": 0}
+    if ctx.api_version >= FEATURES_MIN_VERSION:
+        answer.update(features(ctx.broker.config.feature_levels()))
+    return answer

@@ -17,7 +17,8 @@ calls (onceflow.groups.offsets holds the rules) and back:
   OffsetCommit's so a zombie whose partitions moved on is fenced (KIP-447), whatever its
   transactional id. First, as Kafka does (KIP-890 part 1), the transaction coordinator
   confirms that AddOffsetsToTxn added the group's partition to the producer's open
-  transaction, unless that partition already holds it; the records are then one
+  transaction, unless that partition already holds it (v5, transactions V2: the broker
+  adds the partition itself, there was no AddOffsetsToTxn); the records are then one
   transactional batch of the producer, so its producer state fences an old epoch too.
 
 Every committed offset is durable (fsync'd and replayed) before the answer leaves.
@@ -47,6 +48,7 @@ from onceflow.txn import TopicPartition
 
 TOPIC_IDS_MIN_VERSION = 10  # OffsetCommit and OffsetFetch v10 name topics by id
 TXN_OFFSET_ABORTABLE_MIN_VERSION = 4  # TxnOffsetCommit v4 knows TRANSACTION_ABORTABLE
+TXN_OFFSET_ADD_PARTITION_MIN_VERSION = 5  # v5: the broker adds the offsets partition
 PER_PARTITION_FETCH_ERROR_MAX_VERSION = 1  # OffsetFetch v1 has no top-level error
 GROUPS_BATCH_MIN_VERSION = 8  # OffsetFetch v8+: several groups per request
 NO_OFFSET = -1
@@ -144,14 +146,20 @@ async def offset_commit(ctx: RequestContext, body) -> dict:
 # ---------------------------------------------------------------- TxnOffsetCommit
 
 
-def _verify_txn_offsets(ctx: RequestContext, body) -> ErrorCode | None:
-    """KIP-890 part 1: is the group's offsets partition in the producer's transaction?"""
+async def _verify_txn_offsets(ctx: RequestContext, body) -> ErrorCode | None:
+    """KIP-890 part 1: is the group's offsets partition in the producer's transaction?
+    Part 2 (v5+): the broker adds it itself (the client sent no AddOffsetsToTxn)."""
     runtime = ctx.groups
     index = runtime.coordinator.partition_for(body.group_id)
     partition = ctx.broker.partition(runtime.topic_name, index)
     if partition is None or partition.producers.has_ongoing_transaction(body.producer_id,
                                                                           body.producer_epoch):
         return None  # no such partition: the coordinator answers; or verified before
+    if ctx.api_version >= TXN_OFFSET_ADD_PARTITION_MIN_VERSION:
+        error = await ctx.txns.add_implicitly(
+            body.transactional_id, body.producer_id, body.producer_epoch,
+            [TopicPartition(runtime.topic_name, index)])
+        return None if error is ErrorCode.none else error
     error = ctx.txns.verify(
         body.transactional_id, body.producer_id, body.producer_epoch,
         TopicPartition(runtime.topic_name, index),
@@ -164,7 +172,7 @@ async def txn_offset_commit(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
     error = runtime.route(body.group_id, ctx.node_id)
     if error is None:
-        error = _verify_txn_offsets(ctx, body)
+        error = await _verify_txn_offsets(ctx, body)
     if error is not None:
         return _commit_response(ctx, body.topics, OffsetCommitResult(()), error)
     wanted = _commit_request(ctx, body.topics)
@@ -202,7 +210,8 @@ def _fetched_topics(ctx: RequestContext, result: OffsetFetchResult,
 
 
 def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
-               require_stable: bool) -> tuple[OffsetFetchResult, list[dict]]:
+               require_stable: bool, member_id: str | None = None,
+               member_epoch: int = -1) -> tuple[OffsetFetchResult, list[dict]]:
     """One group's offsets; unknown topic ids are answered UNKNOWN_TOPIC_ID."""
     runtime = ctx.groups
     wanted, unknown = None, []
@@ -221,7 +230,8 @@ def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
     if error is not None:
         return OffsetFetchResult(group_id, error, _unanswered(wanted)), unknown
     return runtime.coordinator.offset_fetch(group_id=group_id, topics=wanted,
-                                            require_stable=require_stable), unknown
+                                            require_stable=require_stable, member_id=member_id,
+                                            member_epoch=member_epoch), unknown
 
 
 def _unanswered(wanted: list[TopicPartitions] | None) -> tuple[FetchedTopic, ...]:
@@ -237,7 +247,9 @@ async def offset_fetch(ctx: RequestContext, body) -> dict:
     if ctx.api_version >= GROUPS_BATCH_MIN_VERSION:
         groups = []
         for group in body.groups:
-            result, unknown = _fetch_one(ctx, group.group_id, group.topics, require_stable)
+            result, unknown = _fetch_one(ctx, group.group_id, group.topics, require_stable,
+                                         getattr(group, "member_id", None),
+                                         getattr(group, "member_epoch", -1))
             topics = [] if result.error is not ErrorCode.none else _fetched_topics(ctx, result)
             groups.append({"group_id": group.group_id, "topics": topics + unknown,
                            "error_code": result.error})

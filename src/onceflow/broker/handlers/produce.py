@@ -26,6 +26,13 @@ TRANSACTION_ABORTABLE and older versions INVALID_TXN_STATE; a fenced producer ge
 INVALID_PRODUCER_EPOCH; a coordinator that cannot answer now (busy, loading) gets
 NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh.
 
+Transactions V2 (KIP-890 part 2): from Produce v12 the producer no longer sends
+AddPartitionsToTxn; the broker adds the partitions of its transactional batches to its
+transaction itself (`_add_implicitly`, Kafka's ADD_PARTITION operation), so a batch of an
+ended transaction - whose epoch the end bumped - is refused INVALID_PRODUCER_EPOCH there
+instead of opening a transaction nobody will end. While such an add is in flight, later
+requests of the same transactional id wait for it, so appends keep the requests' order.
+
 Batches without a producer id (plain producers; aiokafka also sends base sequence 0
 with producer id -1) are appended without any sequence check. Answers:
 
@@ -59,6 +66,7 @@ from onceflow.txn import TopicPartition
 
 ACKS_NONE, ACKS_LEADER, ACKS_ALL = 0, 1, -1
 ABORTABLE_MIN_VERSION = 11  # Produce v11+ clients know TRANSACTION_ABORTABLE (KIP-890)
+ADD_PARTITION_MIN_VERSION = 12  # Produce v12+: the broker adds partitions (KIP-890 part 2)
 # Coordinator answers that mean "ask again" (ReplicaManager maps them so old clients retry).
 _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions,
                                ErrorCode.coordinator_load_in_progress,
@@ -120,7 +128,8 @@ def _verify_transaction(ctx: RequestContext, partition: PartitionState,
     return ErrorCode.not_enough_replicas if error in _VERIFY_RETRIABLE else error
 
 
-def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None) -> _Outcome:
+def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
+            refused: dict[TopicPartition, ErrorCode]) -> _Outcome:
     outcome = _Outcome(data.index)
     state = ctx.broker
     info = state.topic(topic)
@@ -138,9 +147,11 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None)
     log = partition.log
     try:
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
-        refused = _verify_transaction(ctx, partition, transactional_id, header)
-        if refused is not None:
-            raise ProduceError(refused, NOT_ADDED_MESSAGE if refused in (
+        error = refused.get(TopicPartition(topic, data.index))
+        if error is None:
+            error = _verify_transaction(ctx, partition, transactional_id, header)
+        if error is not None:
+            raise ProduceError(error, NOT_ADDED_MESSAGE if error in (
                 ErrorCode.invalid_txn_state, ErrorCode.transaction_abortable) else None)
         result = partition.append([header], [batch], ctx.now_ms())
     except ProduceError as exc:
@@ -197,22 +208,77 @@ def _request_error(body) -> ErrorCode | None:
     return None
 
 
+def _to_add(ctx: RequestContext, body) -> tuple[list[TopicPartition], int, int]:
+    """Transactions V2: the partitions of transactional batches that the producer's
+    transaction does not hold yet (the broker adds them), and the producer id and epoch."""
+    wanted, producer = [], (-1, -1)
+    for topic in body.topic_data:
+        for data in topic.partition_data:
+            partition = ctx.broker.partition(topic.name, data.index)
+            if partition is None or not data.records:
+                continue
+            try:
+                header, _ = check_produce_records(data.records, ctx.api_version)
+            except RecordError:
+                continue  # refused by _append with its own error
+            if not header.is_transactional or header.producer_id < 0 \
+                    or partition.producers.has_ongoing_transaction(header.producer_id,
+                                                                   header.producer_epoch):
+                continue
+            producer = (header.producer_id, header.producer_epoch)
+            wanted.append(TopicPartition(topic.name, data.index))
+    return wanted, *producer
+
+
+async def _add_implicitly(ctx: RequestContext, body) -> tuple[dict, asyncio.Future | None]:
+    """KIP-890 part 2 for Produce v12+: wait for an implicit add of the same producer that
+    is still appending, then add this request's new partitions; the partitions the
+    coordinator refused, with the error to answer, and the gate to close after appending."""
+    txns, transactional_id = ctx.txns, body.transactional_id
+    while (gate := txns.gate(transactional_id)) is not None:
+        await gate
+    wanted, producer_id, producer_epoch = _to_add(ctx, body)
+    if not wanted:
+        return {}, None
+    gate = txns.open_gate(transactional_id)
+    try:
+        error = await txns.add_implicitly(transactional_id, producer_id, producer_epoch, wanted)
+    except BaseException:
+        txns.close_gate(transactional_id, gate)
+        raise
+    if error is ErrorCode.none:
+        return {}, gate
+    error = ErrorCode.not_enough_replicas if error in _VERIFY_RETRIABLE else error
+    return {tp: error for tp in wanted}, gate
+
+
 @handles(ApiKey.PRODUCE)
 async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
     results = []
     all_outcomes: list[_Outcome] = []
     whole_request_error = _request_error(body)
-    for topic in body.topic_data:
-        if whole_request_error is not None:
-            outcomes = [_Outcome(p.index, whole_request_error) for p in topic.partition_data]
-        elif acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
-            outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks) for p in topic.partition_data]
-        else:
-            outcomes = [_append(ctx, topic.name, p, body.transactional_id)
-                        for p in topic.partition_data]
-        all_outcomes += outcomes
-        results.append({"name": topic.name, "partition_responses": [o.response() for o in outcomes]})
+    refused: dict[TopicPartition, ErrorCode] = {}
+    gate = None
+    if (whole_request_error is None and body.transactional_id is not None
+            and ctx.api_version >= ADD_PARTITION_MIN_VERSION and _has_transactional_batch(body)):
+        refused, gate = await _add_implicitly(ctx, body)
+    try:
+        for topic in body.topic_data:
+            if whole_request_error is not None:
+                outcomes = [_Outcome(p.index, whole_request_error) for p in topic.partition_data]
+            elif acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
+                outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks)
+                            for p in topic.partition_data]
+            else:
+                outcomes = [_append(ctx, topic.name, p, body.transactional_id, refused)
+                            for p in topic.partition_data]
+            all_outcomes += outcomes
+            results.append({"name": topic.name,
+                            "partition_responses": [o.response() for o in outcomes]})
+    finally:
+        if gate is not None:  # appended: the producer's next request may go
+            ctx.txns.close_gate(body.transactional_id, gate)
     if acks == ACKS_NONE:
         return None
     if acks == ACKS_ALL:

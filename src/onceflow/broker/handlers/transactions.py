@@ -15,6 +15,8 @@ effects) and back:
 - AddOffsetsToTxn adds the group's `__consumer_offsets` partition (created if needed, as a
   FindCoordinator for the group would).
 - EndTxn is answered once PrepareCommit/PrepareAbort is durable; the markers follow.
+  EndTxn v5 (transactions V2) bumps the epoch with every commit or abort and answers the
+  producer id and epoch to go on with (a new producer id at epoch exhaustion).
 - PRODUCER_FENCED exists from v2 of these three APIs; older versions get
   INVALID_PRODUCER_EPOCH, as Kafka answers them. TRANSACTION_ABORTABLE exists from
   AddPartitionsToTxn v5; v4 verifications get INVALID_TXN_STATE instead.
@@ -42,6 +44,7 @@ E = ErrorCode
 PRODUCER_FENCED_MIN_VERSION = 2  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn
 BATCHED_MIN_VERSION = 4  # AddPartitionsToTxn v4+: transactions batched, verify_only
 ABORTABLE_MIN_VERSION = 5  # AddPartitionsToTxn v5 knows TRANSACTION_ABORTABLE
+END_TXN_V2_MIN_VERSION = 5  # EndTxn v5: transactions V2 (KIP-890 part 2)
 # DescribeTransactions' start time is a non-nullable timestamp; Kafka sends -1 when no
 # transaction started since InitProducerId. kio takes a datetime: this one encodes -1.
 NO_START_TIME = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) \
@@ -141,14 +144,19 @@ async def add_offsets_to_txn(ctx: RequestContext, body) -> dict:
 
 @handles(ApiKey.END_TXN)
 async def end_txn(ctx: RequestContext, body) -> dict:
+    """EndTxn; v5 is transactions V2: every end bumps the epoch, answered with it."""
     runtime = ctx.txns
     error = runtime.route(body.transactional_id, ctx.node_id)
+    producer_id = producer_epoch = -1
     if error is None:
         result = await runtime.persist(runtime.coordinator.end_txn(
             transactional_id=body.transactional_id, producer_id=body.producer_id,
-            producer_epoch=body.producer_epoch, commit=body.committed, now_ms=ctx.now_ms()))
+            producer_epoch=body.producer_epoch, commit=body.committed, now_ms=ctx.now_ms(),
+            transactions_v2=ctx.api_version >= END_TXN_V2_MIN_VERSION))
         error = old_fenced_error(result.error, ctx.api_version, PRODUCER_FENCED_MIN_VERSION)
-    return {"throttle_time": 0, "error_code": error}
+        producer_id, producer_epoch = result.producer_id, result.producer_epoch
+    return {"throttle_time": 0, "error_code": error, "producer_id": producer_id,
+            "producer_epoch": producer_epoch}
 
 
 # ---------------------------------------------------------------- admin APIs

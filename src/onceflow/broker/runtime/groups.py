@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from onceflow.broker.runtime.common import CoordinatorRuntime, internal_topic_configs
 from onceflow.groups import CoordinatorConfig, GroupCoordinator, Result
+from onceflow.groups.consumer.records import TopicMetadata
+from onceflow.groups.consumer.target import TopicsImage
 
 if TYPE_CHECKING:
     from onceflow.broker.config import BrokerConfig
@@ -64,6 +66,11 @@ def coordinator_config(config: BrokerConfig, num_partitions: int) -> Coordinator
         group_min_session_timeout_ms=config.group_min_session_timeout_ms,
         group_max_session_timeout_ms=config.group_max_session_timeout_ms,
         offsets_retention_ms=config.offsets_retention_ms,
+        consumer_group_session_timeout_ms=config.consumer_group_session_timeout_ms,
+        consumer_group_heartbeat_interval_ms=config.consumer_group_heartbeat_interval_ms,
+        consumer_group_assignors=tuple(config.consumer_group_assignors),
+        consumer_group_migration_policy=config.consumer_group_migration_policy,
+        consumer_group_regex_refresh_interval_ms=config.consumer_group_regex_refresh_interval_ms,
     )
 
 
@@ -79,6 +86,8 @@ class GroupRuntime(CoordinatorRuntime):
     def __init__(self, state: BrokerState) -> None:
         super().__init__(state, state.config.offsets_topic_num_partitions)
         self.coordinator = GroupCoordinator(coordinator_config(state.config, self.num_partitions))
+        self._topics_seen: dict[str, TopicMetadata] = {}
+        self._topics_version = 0
 
     def topic_configs(self) -> dict[str, str]:
         return offsets_topic_configs(self.broker_config)
@@ -101,6 +110,21 @@ class GroupRuntime(CoordinatorRuntime):
             self.submit(result)
         self.arm()
         return await answered
+
+    def refresh_topics(self) -> None:
+        """Hand the broker's current topics to the coordinator when they changed since the
+        last call (consumer groups subscribe to them; regexes resolve against them). The
+        image version counts changes, as Kafka's metadata offset does."""
+        topics = {name: TopicMetadata(info.topic_id, name, info.num_partitions)
+                  for name, info in self._state.topics().items()}
+        if topics != self._topics_seen:
+            self._topics_seen = topics
+            self._topics_version += 1
+            self.coordinator.update_topics(TopicsImage(self._topics_version, topics))
+
+    def on_timer(self, now: int) -> None:
+        self.refresh_topics()  # a fenced member's group recomputes its subscribed topics
+        super().on_timer(now)
 
     def offsets_log(self, index: int) -> PartitionLog:
         """The PartitionLog of one __consumer_offsets partition (compaction, tools)."""

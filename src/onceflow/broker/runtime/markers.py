@@ -55,7 +55,7 @@ def append_marker(state: BrokerState, write: MarkerWrite, tp: TopicPartition,
     marker = EndTxnMarker(write.commit, write.coordinator_epoch)
     try:
         appended = partition.append([header], [batch], now_ms, origin=AppendOrigin.COORDINATOR,
-                                    marker=marker)
+                                    marker=marker, transaction_version=write.transaction_version)
         if isinstance(appended, Rejected):
             log.warning("marker for %s refused by %s-%d: %s", write.transactional_id, tp.topic,
                         tp.partition, appended.message)

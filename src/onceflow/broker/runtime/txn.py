@@ -37,6 +37,7 @@ process, so what Kafka does with an inter-broker AddPartitionsToTxn(verify_only)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,6 +56,7 @@ from onceflow.txn import (
     TxnConfig,
     TxnState,
 )
+from onceflow.txn.metadata import TRANSACTION_VERSION_2
 
 if TYPE_CHECKING:
     from onceflow.broker.config import BrokerConfig
@@ -69,6 +71,10 @@ COORDINATOR_EPOCH = 0
 # long, so a reader replaying slowly still sees the id go.
 TOMBSTONE_RETENTION_MS = 24 * 3_600_000
 CRASH_POINT_PREPARE_COMMIT = "prepare_commit"
+# Kafka's add.partitions.to.txn.retry.backoff.ms / .backoff.max.ms: how a broker retries
+# an implicit add (transactions V2) that met CONCURRENT_TRANSACTIONS before answering.
+ADD_PARTITIONS_RETRY_BACKOFF_MS = 20
+ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS = 100
 
 
 class CrashPoints(Protocol):
@@ -99,6 +105,7 @@ class TxnRuntime(CoordinatorRuntime):
             allocate_producer_id=state.producer_ids.next_id,  # the broker's one allocator
             group_partition_for=self._groups.partition_for)
         self.crash_points: CrashPoints | None = None  # set by the server (fault injection)
+        self._gates: dict[str, asyncio.Future] = {}  # see gate()
 
     def topic_configs(self) -> dict[str, str]:
         return internal_topic_configs(self.broker_config.transaction_state_segment_bytes)
@@ -152,6 +159,48 @@ class TxnRuntime(CoordinatorRuntime):
         self.arm()
 
     # ------------------------------------------------------------ KIP-890 part 1
+
+    # ------------------------------------------------------------ KIP-890 part 2
+
+    def gate(self, transactional_id: str) -> asyncio.Future | None:
+        """An implicit add of this producer still appending: later requests of the same
+        transactional id wait for it, so appends keep the order the requests came in."""
+        return self._gates.get(transactional_id)
+
+    def open_gate(self, transactional_id: str) -> asyncio.Future:
+        assert self._loop is not None and transactional_id not in self._gates
+        gate = self._gates[transactional_id] = self._loop.create_future()
+        return gate
+
+    def close_gate(self, transactional_id: str, gate: asyncio.Future) -> None:
+        if self._gates.get(transactional_id) is gate:
+            del self._gates[transactional_id]
+        if not gate.done():
+            gate.set_result(None)
+
+    async def add_implicitly(self, transactional_id: str, producer_id: int,
+                             producer_epoch: int, partitions: list[TopicPartition]) -> ErrorCode:
+        """Transactions V2 (Produce v12, TxnOffsetCommit v5): the broker adds partitions to
+        the producer's transaction itself (Kafka's AddPartitionsToTxnManager with the
+        ADD_PARTITION operation). Answers as `verify` does."""
+        if self.topic() is None:
+            return ErrorCode.coordinator_not_available
+        backoff_ms, waited_ms = ADD_PARTITIONS_RETRY_BACKOFF_MS, 0
+        while True:
+            result = await self.persist(self.coordinator.add_partitions_to_txn(
+                transactional_id=transactional_id, producer_id=producer_id,
+                producer_epoch=producer_epoch, partitions=partitions, now_ms=now_ms(),
+                client_transaction_version=TRANSACTION_VERSION_2))
+            # the previous transaction's markers are still being written: Kafka retries
+            # within the broker for a while before the producer sees a retriable error
+            if result.error is not ErrorCode.concurrent_transactions \
+                    or waited_ms >= ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS:
+                break
+            await asyncio.sleep(backoff_ms / 1000)
+            waited_ms += backoff_ms
+            backoff_ms = min(2 * backoff_ms, ADD_PARTITIONS_RETRY_BACKOFF_MAX_MS)
+        return ErrorCode.invalid_producer_epoch if result.error is ErrorCode.producer_fenced \
+            else result.error
 
     def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
                tp: TopicPartition, *, abortable_ok: bool) -> ErrorCode:
