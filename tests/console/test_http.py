@@ -175,7 +175,11 @@ def read_one_event(http: httpx.Client, topic: str, streams) -> None:
     with http.stream("GET", f"/events/topics/{topic}/0/ends?hw=1") as events:
         assert events.headers["content-type"].startswith("text/event-stream")
         lines = []
-        for line in events.iter_lines():
+        # The generator is kept referenced until the end of the block: one abandoned by a
+        # `break` is closed when collected, and closing it closes the HTTP connection, so
+        # the server could count the stream closed before `streams.open == 1` below.
+        reader = events.iter_lines()
+        for line in reader:
             lines.append(line)
             if line == "" and any(x.startswith("data:") for x in lines):
                 break
@@ -183,3 +187,4 @@ def read_one_event(http: httpx.Client, topic: str, streams) -> None:
         data = " ".join(x.removeprefix("data: ") for x in lines if x.startswith("data:"))
         assert 'id="records-hw">3<' in data and "2 offsets written since" in data
         assert streams.open == 1
+        reader.close()

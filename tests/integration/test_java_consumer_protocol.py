@@ -15,6 +15,8 @@ import subprocess
 import time
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from tests.helpers import create_topic, unique
 from tests.integration.test_consumer_protocol_copier import (
@@ -47,6 +49,7 @@ def test_java_consumer_protocol_copiers_exactly_once_through_kills(onceflow_brok
     source = create_topic(bootstrap, f"{run}-in", PARTITIONS)
     target = create_topic(bootstrap, f"{run}-out", PARTITIONS)
     group = f"{run}-copier"
+    _commit_start(bootstrap, group, source)
 
     def start(instance: int) -> subprocess.Popen:
         log = open(tmp_path / f"copier-{instance}.log", "a")  # noqa: SIM115 - the child holds it
@@ -64,14 +67,13 @@ def test_java_consumer_protocol_copiers_exactly_once_through_kills(onceflow_brok
             copiers[victim].kill()
             copiers[victim].wait()
             copiers[victim] = start(victim)
+            _restart_exited(copiers, start)
         feeder.join(FINISH_TIMEOUT_S)
         ends = end_offsets(bootstrap, source)
         deadline = time.monotonic() + FINISH_TIMEOUT_S
         while committed_offsets(bootstrap, group, source) != ends:
             assert time.monotonic() < deadline, "the Java copiers did not finish"
-            for i, copier in enumerate(copiers):
-                if copier.poll() is not None:  # fenced or failed: its supervisor restarts it
-                    copiers[i] = start(i)
+            _restart_exited(copiers, start)
             time.sleep(0.5)
     finally:
         for copier in copiers:
@@ -85,3 +87,21 @@ def test_java_consumer_protocol_copiers_exactly_once_through_kills(onceflow_brok
     assert set(seen) == expected, f"{len(expected - set(seen))} input records missing"
     logs = "".join(p.read_text() for p in tmp_path.glob("copier-*.log"))
     assert '"committed"' in logs, "no transaction was committed by a Java copier"
+
+
+def _commit_start(bootstrap: str, group: str, topic: str) -> None:
+    """Offset 0 committed for every input partition before any copier joins: the copiers
+    run with auto.offset.reset=none (tests/java/TxnCopier.java says why)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(
+        group, [TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    result = admin.alter_consumer_group_offsets([request])[group].result(30)
+    assert all(tp.error is None for tp in result.topic_partitions), result
+
+
+def _restart_exited(copiers: list[subprocess.Popen], start) -> None:
+    """A copier that exited (fenced, or NoOffsetForPartition after a reset) is restarted
+    by its supervisor, as in production."""
+    for i, copier in enumerate(copiers):
+        if copier.poll() is not None:
+            copiers[i] = start(i)
