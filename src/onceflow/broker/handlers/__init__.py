@@ -14,6 +14,8 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from onceflow.broker.access import Access, Session
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
@@ -51,6 +53,15 @@ class RequestContext:
 
     def authorized_cluster(self, operation: Operation) -> bool:
         return self.authorized(operation, ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+def route_group(ctx: RequestContext, group_id: str, operation: Operation) -> ErrorCode | None:
+    """The group-level error of a group request: GROUP_AUTHORIZATION_FAILED without
+    `operation` on the group (issue 13, checked first as Kafka does), else the
+    coordinator's routing error (NOT_COORDINATOR ...), None when the request may go on."""
+    if not ctx.authorized(operation, ResourceType.GROUP, group_id):
+        return ErrorCode.group_authorization_failed
+    return ctx.groups.route(group_id, ctx.node_id)
 
 
 Handler = Callable[[RequestContext, Any], Awaitable[dict | None]]
