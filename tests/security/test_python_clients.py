@@ -123,3 +123,29 @@ def test_aiokafka(secure, mechanism):
         return values
 
     assert asyncio.run(run()) == [f"v{i}".encode() for i in range(5)]
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256"])
+def test_java_client(secure, mechanism, tmp_path):
+    """The Java client (kafka-clients, tests/java_support.py) with the properties a Java
+    application would use against Kafka: SASL_SSL, SCRAM, a PEM trust store."""
+    from tests.java_support import run_java
+
+    broker, certs, admin = secure
+    topic, group = f"jv-{uuid.uuid4().hex[:8]}", f"jv-g-{uuid.uuid4().hex[:8]}"
+    properties = tmp_path / "client.properties"
+    properties.write_text("\n".join([
+        f"bootstrap.servers={broker.bootstrap_servers}",
+        "security.protocol=SASL_SSL",
+        f"sasl.mechanism={mechanism}",
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="app" password="app-secret";',
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={certs.ca_file}",
+    ]) + "\n")
+    [denied] = run_java("SecureRoundTrip", str(properties), topic, group, "5")
+    # No ACL yet: the topic's metadata, or InitProducerId (no Write anywhere), is refused.
+    assert denied["error"] in ("TopicAuthorizationException", "ClusterAuthorizationException")
+    _allow(admin, topic, group)
+    [result] = run_java("SecureRoundTrip", str(properties), topic, group, "5")
+    assert result == {"consumed": [f"v{i}" for i in range(5)]}
