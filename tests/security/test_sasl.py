@@ -92,6 +92,12 @@ def test_state_table():
         session.check(ApiKey.API_VERSIONS)
     again = _session()
     assert again.handshake("PLAIN") and not again.handshake("PLAIN")  # repeated handshake
+    pipelined = _session()
+    pipelined.check(ApiKey.SASL_HANDSHAKE)        # admitted, its handler not run yet
+    with pytest.raises(SaslStateError):
+        pipelined.check(ApiKey.SASL_HANDSHAKE)    # a second one right behind it
+    with pytest.raises(SaslStateError):
+        pipelined.check(ApiKey.API_VERSIONS)      # after a handshake only tokens
 
 
 def test_add_scram_syntax():
@@ -199,3 +205,60 @@ def test_unknown_mechanism_is_answered_then_closed(sasl_broker):
         size, correlation_id, error = struct.unpack_from(">iih", data)
         assert (correlation_id, error) == (1, 33)   # UNSUPPORTED_SASL_MECHANISM
         assert b"SCRAM-SHA-512" in data             # the enabled mechanisms
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def _answers(data: bytes) -> list[bytes]:
+    """Response frames (after their size prefix) in `data`."""
+    frames = []
+    while data:
+        (size,) = struct.unpack_from(">i", data)
+        frames.append(data[4:4 + size])
+        data = data[4 + size:]
+    return frames
+
+
+def test_repeated_handshake_closes(sasl_broker):
+    broker, _ = sasl_broker
+    host, port = broker.server.endpoints("SASL_PLAINTEXT").split(":")
+    plain = struct.pack(">h", 5) + b"PLAIN"
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        sock.sendall(_frame(ApiKey.SASL_HANDSHAKE, 1, plain) + _frame(ApiKey.SASL_HANDSHAKE, 1, plain))
+        frames = _answers(_read_all(sock))
+    assert len(frames) == 1 and struct.unpack_from(">ih", frames[0]) == (1, 0)
+
+
+@pytest.mark.parametrize("token", [b"n,,garbage", b"", b"\xff\xfe", b"n,,n=alice,r="])
+def test_malformed_scram_tokens_fail_then_close(sasl_broker, token):
+    broker, _ = sasl_broker
+    host, port = broker.server.endpoints("SASL_PLAINTEXT").split(":")
+    mechanism = b"SCRAM-SHA-256"
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        sock.sendall(_frame(ApiKey.SASL_HANDSHAKE, 1, struct.pack(">h", len(mechanism)) + mechanism)
+                     + _frame(ApiKey.SASL_AUTHENTICATE, 0, struct.pack(">i", len(token)) + token))
+        frames = _answers(_read_all(sock))   # both answered, then the broker closes
+    assert len(frames) == 2
+    correlation_id, error, message_size = struct.unpack_from(">ihh", frames[1])
+    message = frames[1][8:8 + message_size].decode()
+    assert (correlation_id, error) == (1, 58)  # SASL_AUTHENTICATION_FAILED
+    assert message == ("Authentication failed during authentication due to invalid credentials "
+                       "with SASL mechanism SCRAM-SHA-256")
+
+
+def test_truncated_frame_and_broker_still_serves(sasl_broker):
+    broker, certs = sasl_broker
+    host, port = broker.server.endpoints("SASL_PLAINTEXT").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        frame = _frame(ApiKey.SASL_HANDSHAKE, 1, struct.pack(">h", 5) + b"PLAIN")
+        sock.sendall(frame[:-3])            # the peer goes away mid-frame
+    reports = []
+    producer = Producer(_settings(broker, certs, "SASL_PLAINTEXT", "SCRAM-SHA-256"))
+    producer.produce(f"t-{uuid.uuid4().hex[:8]}", b"v", on_delivery=lambda e, m: reports.append(e))
+    producer.flush(WAIT_S)
+    assert reports == [None]

@@ -82,6 +82,7 @@ class Connection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
         self._closed = False
+        self._closing: str | None = None  # close once the admitted requests are answered
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -121,7 +122,7 @@ class Connection(asyncio.BufferedProtocol):
             self._frames.buffer_updated(nbytes)
             while (frame := self._frames.next_frame()) is not None:
                 self._start(frame)
-                if self._closed:
+                if self._closed or self._closing is not None:
                     return
         except ProtocolError as exc:
             self._drop(f"protocol error: {exc}")
@@ -135,7 +136,7 @@ class Connection(asyncio.BufferedProtocol):
             self._drop(f"unsupported API {exc.header.api_key} v{exc.header.api_version}")
             return
         except SaslStateError as exc:   # a request before (or instead of) authentication
-            self._drop(str(exc))
+            self._close_when_answered(str(exc))
             return
         if isinstance(work, bytes):  # answered by the pipeline itself
             self._enqueue(_done(work), frame)
@@ -183,10 +184,27 @@ class Connection(asyncio.BufferedProtocol):
                 if self._transport is not None:
                     self._transport.close()
                 return
+            if self._closing is not None:
+                if not self._pending and self._transport is not None:
+                    self._closed = True
+                    self._transport.close()   # flushes the answers written above
+                continue
             if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
                 self._reading_paused = False
                 if self._transport is not None and not self._closed:
                     self._transport.resume_reading()
+
+    def _close_when_answered(self, reason: str) -> None:
+        """Answer what was admitted before the offending request, then close (Kafka
+        handles SASL requests one at a time, so those answers would have gone out)."""
+        if not self._pending:
+            self._drop(reason)
+            return
+        log.info("closing connection to node %d after its answers: %s", self.node_id, reason)
+        self._closing = reason
+        if self._transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
 
     def _login_failed(self) -> bool:
         session = self._peer.session

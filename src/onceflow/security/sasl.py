@@ -83,19 +83,28 @@ class SaslSession:
         self._credential = credential
         self._password_ok = password_ok
         self.state = SaslState.HANDSHAKE_OR_VERSIONS
+        # The state the admitted requests lead to: the connection admits a request before
+        # the handlers of the earlier ones ran, so a second SaslHandshake sent right
+        # behind the first must already be refused (see check()).
+        self._admitted = SaslState.HANDSHAKE_OR_VERSIONS
         self.mechanism: str | None = None
         self.principal: str | None = None
         self._scram: scramp.core.ScramServer | None = None
         self._scram_user = ""
 
     def allows(self, api_key: int) -> bool:
-        return self.state == SaslState.COMPLETE or api_key in _ALLOWED[self.state]
+        if self.state in (SaslState.COMPLETE, SaslState.FAILED):
+            return self.state == SaslState.COMPLETE
+        return api_key in _ALLOWED[self._admitted]
 
     def check(self, api_key: int) -> None:
+        """Admit a request (the pipeline, in arrival order) or raise SaslStateError."""
         if not self.allows(api_key):
             name = ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key
             raise SaslStateError(f"Unexpected Kafka request of type {name} during SASL "
-                                 f"{self.state.value}")
+                                 f"{self._admitted.value}")
+        if api_key == ApiKey.SASL_HANDSHAKE and self.state != SaslState.COMPLETE:
+            self._admitted = SaslState.AUTHENTICATE
 
     def _transition(self, new: SaslState) -> None:
         assert new in _TRANSITIONS[self.state], f"SASL {self.state} -> {new}"
