@@ -88,6 +88,8 @@ class BrokerConfig:
     authorizer: bool = False                             # authorizer.class.name set
     super_users: tuple[str, ...] = ()                    # super.users
     allow_everyone_if_no_acl_found: bool = False         # allow.everyone.if.no.acl.found
+    admin_token: str | None = None   # the admin port wants `Authorization: Bearer <token>`
+    admin_tls: bool = False          # the admin port speaks HTTPS (the listeners' certificate)
     # connection.failed.authentication.delay.ms: a failed login is answered this late.
     connection_failed_authentication_delay_ms: int = 100
 

@@ -131,8 +131,11 @@ class BrokerServer:
             await server.start_serving()
         if self.config.admin_port is not None:
             if self._admin_frontend is None:
-                self.admin = AdminServer(self.faults, state.metrics,
-                                         self.config.advertised(0, self.config.admin_port)[0])
+                self.admin = AdminServer(
+                    self.faults, state.metrics,
+                    self.config.advertised(0, self.config.admin_port)[0],
+                    token=self.config.admin_token,
+                    tls=tls_context(self.config) if self.config.admin_tls else None)
             else:
                 self.admin = self._admin_frontend(self._admin_context(loop, state))
             await self.admin.start(self.config.host, self.config.admin_port)

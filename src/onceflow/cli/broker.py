@@ -88,6 +88,11 @@ def broker(
     authorizer: bool = typer.Option(False, "--authorizer",
                                     help="Enforce ACLs, deny by default."),
     super_users: str = typer.Option(None, "--super-users", help="User:a;User:b (super.users)."),
+    admin_token: str = typer.Option(
+        None, "--admin-token", envvar="ONCEFLOW_ADMIN_TOKEN", show_envvar=True,
+        help="Require 'Authorization: Bearer <token>' on the admin port."),
+    admin_tls: bool = typer.Option(False, "--admin-tls",
+                                   help="Serve the admin port over HTTPS (--ssl-certfile)."),
 ) -> None:
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
     if ctx.invoked_subcommand is not None:
@@ -110,6 +115,8 @@ def broker(
         ssl_keyfile=ssl_keyfile, ssl_cafile=ssl_cafile, ssl_client_auth=ssl_client_auth,
         sasl_mechanisms=sasl_mechanisms, add_scram=add_scram, authorizer=authorizer,
         super_users=super_users)
+    if admin_tls and ssl_certfile is None:
+        raise typer.BadParameter("--admin-tls needs --ssl-certfile and --ssl-keyfile")
     config = BrokerConfig(
         data_dir=data_dir, host=host, port=port, nodes=nodes, advertised_host=advertised_host,
         advertised_port=advertised_port, fsync=fsync, num_partitions=num_partitions,
@@ -122,6 +129,7 @@ def broker(
         transaction_version=transaction_version,
         consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
         consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
+        admin_token=admin_token, admin_tls=admin_tls,
         **security,
     )
     run_broker(config, frontend)
