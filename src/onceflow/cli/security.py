@@ -37,12 +37,13 @@ from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
     CliError,
+    CommandConfigOption,
+    command_properties,
     connect_admin,
     describe_kafka_error,
     exits_cleanly,
     stdout,
 )
-from onceflow.client.config import read_properties
 
 ADMIN_TIMEOUT_S = 30.0
 PASSWORD_ENV = "ONCEFLOW_USER_PASSWORD"
@@ -52,10 +53,6 @@ acl_app = typer.Typer(name="acl", help="Add, list and remove ACLs (kafka-acls.sh
                       no_args_is_help=True)
 user_app = typer.Typer(name="user", help="Add, list and remove SCRAM users.",
                        no_args_is_help=True)
-
-CommandConfigOption = Annotated[Path | None, typer.Option(
-    "--command-config", help="Kafka client properties (security.protocol, sasl.*, ssl.*).")]
-
 
 class Mechanism(str, enum.Enum):
     sha256 = "SCRAM-SHA-256"
@@ -67,8 +64,7 @@ _MECHANISMS = {Mechanism.sha256: ScramMechanism.SCRAM_SHA_256,
 
 
 def _admin(bootstrap_servers: str, command_config: Path | None):
-    properties = read_properties(command_config) if command_config is not None else {}
-    admin, _metadata = connect_admin(bootstrap_servers, properties)
+    admin, _metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     return admin
 
 
