@@ -9,7 +9,14 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from onceflow.broker.connection import rfc2253
 from onceflow.broker.embedded import Broker
@@ -113,7 +120,7 @@ def test_plaintext_client_on_tls_port_and_tls_client_on_plaintext_port(tmp_path)
 def test_mtls_required_principal(tmp_path):
     certs = make_certs(tmp_path / "certs")
     chain, key, subject = certs.client(tmp_path / "certs", "app", "app", organization_unit="eng")
-    other_chain, other_key, _ = certs.client(tmp_path / "certs", "other", "other")
+    other_chain, other_key, other_subject = certs.client(tmp_path / "certs", "other", "other")
     broker = Broker(tmp_path / "data", listeners="SSL://127.0.0.1:0",
                     ssl_certfile=certs.cert_file, ssl_keyfile=certs.key_file,
                     ssl_cafile=certs.ca_file, ssl_client_auth="required",
@@ -131,8 +138,18 @@ def test_mtls_required_principal(tmp_path):
         listed = AdminClient({"bootstrap.servers": bootstrap, **other}).list_topics(
             timeout=WAIT_S).topics
         assert topic not in listed
-        assert topic in AdminClient({"bootstrap.servers": bootstrap, **mtls}).list_topics(
-            timeout=WAIT_S).topics
+        admin = AdminClient({"bootstrap.servers": bootstrap, **mtls})
+        assert topic in admin.list_topics(timeout=WAIT_S).topics
+        # ACLs for the other certificate's principal: it reads and writes the topic.
+        principal = f"User:{other_subject}"
+        bindings = [AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, principal,
+                               "*", op, AclPermissionType.ALLOW)
+                    for op in (AclOperation.READ, AclOperation.WRITE)]
+        bindings.append(AclBinding(ResourceType.GROUP, f"g-{topic}", ResourcePatternType.LITERAL,
+                                   principal, "*", AclOperation.READ, AclPermissionType.ALLOW))
+        for future in admin.create_acls(bindings).values():
+            future.result(timeout=WAIT_S)
+        assert len(_round_trip(bootstrap, other, topic)) == 10
         # Without a client certificate the TLS handshake is refused.
         admin = AdminClient({"bootstrap.servers": bootstrap, **base,
                              "socket.timeout.ms": 3000})
