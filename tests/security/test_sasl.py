@@ -262,3 +262,25 @@ def test_truncated_frame_and_broker_still_serves(sasl_broker):
     producer.produce(f"t-{uuid.uuid4().hex[:8]}", b"v", on_delivery=lambda e, m: reports.append(e))
     producer.flush(WAIT_S)
     assert reports == [None]
+
+
+def _exchange(sock: socket.socket, frame: bytes) -> bytes:
+    sock.sendall(frame)
+    (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
+    return sock.recv(size, socket.MSG_WAITALL)
+
+
+def test_handshake_after_login_is_illegal_sasl_state(sasl_broker):
+    broker, _ = sasl_broker
+    host, port = broker.server.endpoints("SASL_PLAINTEXT").split(":")
+    plain = struct.pack(">h", 5) + b"PLAIN"
+    token = b"\x00alice\x00alice-secret"
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        assert struct.unpack_from(">ih", _exchange(sock, _frame(ApiKey.SASL_HANDSHAKE, 1, plain))) == (1, 0)
+        answer = _exchange(sock, _frame(ApiKey.SASL_AUTHENTICATE, 0,
+                                        struct.pack(">i", len(token)) + token))
+        assert struct.unpack_from(">ih", answer) == (1, 0)
+        # Logged in: another handshake is answered ILLEGAL_SASL_STATE (34), and the
+        # connection serves requests on.
+        assert struct.unpack_from(">ih", _exchange(sock, _frame(ApiKey.SASL_HANDSHAKE, 1, plain))) == (1, 34)
+        assert struct.unpack_from(">ih", _exchange(sock, _frame(ApiKey.API_VERSIONS, 0))) == (1, 0)
