@@ -288,3 +288,55 @@ def test_handshake_after_login_is_illegal_sasl_state(sasl_broker):
         # connection serves requests on.
         assert struct.unpack_from(">ih", _exchange(sock, _frame(ApiKey.SASL_HANDSHAKE, 1, plain))) == (1, 34)
         assert struct.unpack_from(">ih", _exchange(sock, _frame(ApiKey.API_VERSIONS, 0))) == (1, 0)
+
+
+# ------------------------------------------------------------ OAUTHBEARER (unsecured)
+
+
+def _jws(claims: dict, alg: str = "none") -> str:
+    import base64
+    import json
+
+    def part(value: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': alg})}.{part(claims)}."
+
+
+@pytest.mark.parametrize("claims,alg,ok", [
+    ({"sub": "alice", "exp": 2_000}, "none", True),
+    ({"sub": "alice", "exp": 999}, "none", False),      # expired (the clock says 1000)
+    ({"exp": 2_000}, "none", False),                     # no subject
+    ({"sub": "alice", "exp": 2_000}, "RS256", False),    # a signed token is not ours to check
+])
+def test_oauthbearer_unsecured_tokens(claims, alg, ok):
+    session = SaslSession(("OAUTHBEARER",), lambda u, m: None, lambda u, p: False,
+                          clock_s=lambda: 1_000.0)
+    assert session.handshake("OAUTHBEARER")
+    token = f"n,,\x01auth=Bearer {_jws(claims, alg)}\x01\x01".encode()
+    if ok:
+        assert session.authenticate(token) == b"" and session.principal == "User:alice"
+    else:
+        with pytest.raises(AuthenticationFailed, match="OAUTHBEARER"):
+            session.authenticate(token)
+
+
+def test_oauthbearer_with_confluent_kafka(tmp_path):
+    broker = Broker(tmp_path / "data", listeners="SASL_PLAINTEXT://127.0.0.1:0",
+                    sasl_mechanisms=("OAUTHBEARER",), authorizer=True,
+                    super_users=("User:carol",))
+    with broker:
+        settings = {"bootstrap.servers": broker.bootstrap_servers,
+                    "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
+                    "enable.sasl.oauthbearer.unsecure.jwt": True,
+                    "sasl.oauthbearer.config": "principal=carol"}
+        assert _produce_one(settings) == [None]          # carol is a super user
+        denied = _produce_one(settings | {"sasl.oauthbearer.config": "principal=dave"})
+        assert denied[0] is not None and denied[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def _produce_one(settings: dict) -> list:
+    reports: list = []
+    producer = Producer(settings | {"message.timeout.ms": 10_000})
+    producer.produce("oauth-topic", b"v", on_delivery=lambda err, msg: reports.append(err))
+    producer.flush(WAIT_S)
+    return reports

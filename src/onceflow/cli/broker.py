@@ -81,7 +81,8 @@ def broker(
         "none", "--ssl-client-auth", help="none, requested or required (ssl.client.auth)."),
     sasl_mechanisms: str = typer.Option(
         "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--sasl-mechanisms",
-        help="Enabled SASL mechanisms (sasl.enabled.mechanisms)."),
+        help="Enabled SASL mechanisms (sasl.enabled.mechanisms); OAUTHBEARER takes "
+             "unsecured test tokens only."),
     add_scram: list[str] = typer.Option(
         [], "--add-scram",
         help="'SCRAM-SHA-512=[name=admin,password=admin-secret]' (repeatable)."),

@@ -9,7 +9,8 @@ closes the connection (`SaslStateError`). The states:
   SaslHandshake names a mechanism: an enabled one moves to AUTHENTICATE, another is
   answered UNSUPPORTED_SASL_MECHANISM with the enabled list, then FAILED.
 - AUTHENTICATE: each SaslAuthenticate token goes to the mechanism (PLAIN: one token;
-  SCRAM: client-first then client-final, `scramp` checks the proof). Success moves to
+  SCRAM: client-first then client-final, `scramp` checks the proof; OAUTHBEARER: one
+  token carrying an unsecured JWS, for tests). Success moves to
   COMPLETE with the principal `User:<name>`; a wrong password, an unknown user or a
   malformed token moves to FAILED and is answered SASL_AUTHENTICATION_FAILED with
   Kafka's message, which never says which part was wrong.
@@ -22,7 +23,11 @@ Passwords and tokens never reach an exception message or a log line here.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import json
+import time
 from collections.abc import Callable
 
 import scramp
@@ -33,7 +38,11 @@ from onceflow.security.scram import ScramCredential
 # sasl.server.max.receive.size: the largest token an unauthenticated peer may send.
 SASL_TOKEN_BYTES_MAX = 524_288
 
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+
+def _b64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 class SaslState(enum.Enum):
@@ -78,8 +87,9 @@ class SaslSession:
     """The SASL state of one connection."""
 
     def __init__(self, mechanisms: tuple[str, ...], credential: CredentialLookup,
-                 password_ok: PasswordCheck) -> None:
+                 password_ok: PasswordCheck, clock_s: Callable[[], float] = time.time) -> None:
         self.mechanisms = mechanisms
+        self._clock_s = clock_s  # OAUTHBEARER token expiry
         self._credential = credential
         self._password_ok = password_ok
         self.state = SaslState.HANDSHAKE_OR_VERSIONS
@@ -130,6 +140,8 @@ class SaslSession:
                                            f"than {SASL_TOKEN_BYTES_MAX}")
             if self.mechanism == "PLAIN":
                 return self._plain(token)
+            if self.mechanism == "OAUTHBEARER":
+                return self._oauthbearer(token)
             return self._scram_step(token)
         except AuthenticationFailed:
             self._transition(SaslState.FAILED)
@@ -156,6 +168,30 @@ class SaslSession:
         if not self._password_ok(user, password):
             raise AuthenticationFailed("Authentication failed: Invalid username or password")
         self._complete(user)
+        return b""
+
+    def _oauthbearer(self, token: bytes) -> bytes:
+        """RFC 7628's client response with an unsecured JWS (`alg: none`), as Kafka's
+        OAuthBearerUnsecuredValidatorCallbackHandler checks it: a `sub` claim (the
+        principal) and an `exp` claim in the future. For tests and development only: the
+        token is not signed, so anyone can claim any name."""
+        try:
+            gs2, *pairs = token.decode().split("\x01")
+            fields = dict(p.split("=", 1) for p in pairs if p)
+            scheme, _, jws = fields["auth"].partition(" ")
+            header_b64, claims_b64, signature = jws.split(".")
+            header, claims = (json.loads(_b64url(part)) for part in (header_b64, claims_b64))
+        except (UnicodeDecodeError, ValueError, KeyError, binascii.Error):
+            raise self._fail() from None
+        if (not gs2.startswith("n,") or scheme.lower() != "bearer" or signature
+                or not isinstance(header, dict) or header.get("alg") != "none"
+                or not isinstance(claims, dict)):
+            raise self._fail()
+        subject, expiry = claims.get("sub"), claims.get("exp")
+        if not isinstance(subject, str) or not subject \
+                or not isinstance(expiry, (int, float)) or expiry <= self._clock_s():
+            raise self._fail()
+        self._complete(subject)
         return b""
 
     def _scram_step(self, token: bytes) -> bytes:
