@@ -340,3 +340,14 @@ def _produce_one(settings: dict) -> list:
     producer.produce("oauth-topic", b"v", on_delivery=lambda err, msg: reports.append(err))
     producer.flush(WAIT_S)
     return reports
+
+
+def test_unauthenticated_connection_is_closed_after_the_login_timeout(tmp_path):
+    broker = Broker(tmp_path / "data", listeners="SASL_PLAINTEXT://127.0.0.1:0",
+                    sasl_authentication_timeout_ms=500)
+    with broker:
+        host, port = broker.bootstrap_servers.split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+            started = time.monotonic()
+            assert sock.recv(1) == b""           # closed by the broker, nothing sent
+            assert time.monotonic() - started < WAIT_S

@@ -92,6 +92,9 @@ class BrokerConfig:
     admin_tls: bool = False          # the admin port speaks HTTPS (the listeners' certificate)
     # connection.failed.authentication.delay.ms: a failed login is answered this late.
     connection_failed_authentication_delay_ms: int = 100
+    # A SASL connection not logged in within this long is closed (no Kafka setting of this
+    # name; Kafka's connections.max.idle.ms bounds idle connections).
+    sasl_authentication_timeout_ms: int = 30_000
 
     def listener_list(self) -> tuple[Listener, ...]:
         """The configured listeners (parsed; raises ListenerError on bad syntax)."""

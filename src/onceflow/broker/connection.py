@@ -43,9 +43,11 @@ class Connections:
     """The open connections of one broker process and what they share."""
 
     def __init__(self, pipeline: RequestPipeline, refuses: Callable[[int], bool],
-                 frame_bytes_max: int, access: Access) -> None:
+                 frame_bytes_max: int, access: Access,
+                 sasl_authentication_timeout_ms: int = 30_000) -> None:
         self.pipeline = pipeline
         self.access = access
+        self.sasl_authentication_timeout_ms = sasl_authentication_timeout_ms
         self.refuses = refuses  # FaultInjector.refuses: close a just-accepted connection?
         self.frame_bytes_max = frame_bytes_max
         self.frame_pool = BufferPool()  # large request frames, shared by all connections
@@ -83,6 +85,7 @@ class Connection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._closed = False
         self._closing: str | None = None  # close once the admitted requests are answered
+        self._login_deadline: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -98,8 +101,19 @@ class Connection(asyncio.BufferedProtocol):
         self._peer.client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
         self._peer.session = _session(self._shared.access, self._listener, transport)
         self._shared.open.add(self)
+        if self._peer.session.sasl is not None:
+            # An unauthenticated peer may not hold a connection for ever.
+            self._login_deadline = asyncio.get_running_loop().call_later(
+                self._shared.sasl_authentication_timeout_ms / 1000, self._login_overdue)
+
+    def _login_overdue(self) -> None:
+        session = self._peer.session
+        if not self._closed and session is not None and not session.authenticated:
+            self._drop("SASL authentication not completed in time")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._login_deadline is not None:
+            self._login_deadline.cancel()
         self._closed = True
         self._shared.open.discard(self)
         self._can_write.set()

@@ -115,7 +115,8 @@ class BrokerServer:
         txns.crash_points = self.faults  # crash_after rules (tests)
         pipeline = RequestPipeline(state, groups, txns, self.faults, access=self.access)
         connections = self.connections = Connections(pipeline, self.faults.refuses,
-                                                     self.config.frame_bytes_max, self.access)
+                                                     self.config.frame_bytes_max, self.access,
+                                                     self.config.sasl_authentication_timeout_ms)
         self.faults.attach(loop, state.cluster, state.metrics, connections.close_node)
         groups.start()  # load __consumer_offsets, timers
         txns.start()  # load __transaction_state, timers
