@@ -7,6 +7,9 @@ Fixtures (available in any project that installs onceflow):
 - `onceflow_fresh_broker`: a new broker (and data dir) for one test.
 - `onceflow_broker_process`: a factory for brokers in a child process
   (`BrokerProcess`), for tests that SIGKILL and restart the broker.
+- `onceflow_secure_broker`: a broker with one SASL_SSL listener, a throw-away CA
+  (needs `trustme`), SCRAM users `admin` (super user) and `app` (no ACLs) and the
+  authorizer on; `client_config(user)` gives confluent-kafka settings (docs/security.md).
 """
 
 from __future__ import annotations
@@ -131,6 +134,49 @@ def onceflow_broker_process(tmp_path: Path) -> Iterator:
     yield factory
     for process in started:
         process.kill()
+
+
+class SecureBroker:
+    """What `onceflow_secure_broker` yields: the broker and client settings for it."""
+
+    PASSWORDS = {"admin": "admin-secret", "app": "app-secret"}
+
+    def __init__(self, broker, ca_file: Path) -> None:
+        self.broker = broker          # onceflow.broker.embedded.Broker
+        self.ca_file = ca_file        # the CA that signed the broker's certificate (PEM)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.broker.bootstrap_servers
+
+    def client_config(self, user: str = "app", mechanism: str = "SCRAM-SHA-512") -> dict:
+        """confluent-kafka settings for `user` (admin: super user; app: ACLs only)."""
+        return {"bootstrap.servers": self.bootstrap_servers, "security.protocol": "SASL_SSL",
+                "ssl.ca.location": str(self.ca_file), "sasl.mechanism": mechanism,
+                "sasl.username": user, "sasl.password": self.PASSWORDS[user]}
+
+
+@pytest.fixture
+def onceflow_secure_broker(tmp_path: Path) -> Iterator[SecureBroker]:
+    from onceflow.broker.embedded import Broker
+
+    try:
+        import trustme
+    except ImportError:  # environmental: the fixture's certificates come from trustme
+        pytest.skip("onceflow_secure_broker needs the trustme package (pip install trustme)")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = (tmp_path / n for n in ("ca.pem", "server.pem", "server.key"))
+    ca.cert_pem.write_to_path(str(ca_file))
+    server.private_key_pem.write_to_path(str(key_file))
+    cert_file.write_bytes(b"".join(blob.bytes() for blob in server.cert_chain_pems))
+    users = tuple(f"{m}=[name={user},password={password}]"
+                  for user, password in SecureBroker.PASSWORDS.items()
+                  for m in ("SCRAM-SHA-512", "SCRAM-SHA-256"))
+    with Broker(tmp_path / "data", listeners="SASL_SSL://127.0.0.1:0", ssl_certfile=cert_file,
+                ssl_keyfile=key_file, add_scram=users, authorizer=True,
+                super_users=("User:admin",)) as broker:
+        yield SecureBroker(broker, ca_file)
 
 
 def env_flag(name: str) -> bool:

@@ -8,8 +8,10 @@
     curl -X DELETE localhost:9644/faults/4                       # rule 4 gone
 
 Theory of operation. It runs on the broker's event loop, next to the Kafka listeners,
-and only when `admin_port` is set (it has no authentication: bind it to a trusted
-interface). The composition root may serve another `AdminFrontend` on the admin port
+and only when `admin_port` is set. It binds to the broker's `--host` (127.0.0.1 by
+default). With `--admin-token` (issue 13) every request must carry `Authorization: Bearer
+<token>` (else 401, the token compared in constant time); with `--admin-tls` it speaks
+HTTPS with the Kafka listeners' certificate (docs/security.md). The composition root may serve another `AdminFrontend` on the admin port
 instead - the web console, which answers `/metrics` and `/faults` with the same `route`
 handed to it in an `AdminContext`; the broker never imports it. Each connection carries one HTTP/1.1 request and is closed after the
 answer. `route()` is a pure function from (method, path, body) to (status, content
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -43,7 +47,7 @@ REQUEST_BODY_BYTES_MAX = 64 * 1024
 REQUEST_READ_TIMEOUT_S = 10.0
 JSON_TYPE = "application/json"
 
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found",
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error"}
 
 Answer = tuple[int, str, bytes]
@@ -129,21 +133,25 @@ class AdminServer:
 
     title = "admin endpoint (faults, metrics)"
 
-    def __init__(self, faults: FaultInjector, metrics: BrokerMetrics, advertised_host: str) -> None:
+    def __init__(self, faults: FaultInjector, metrics: BrokerMetrics, advertised_host: str,
+                 token: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._faults = faults
         self._metrics = metrics
         self._advertised_host = advertised_host  # for `url`
+        self._token = token
+        self._tls = tls
         self._listener: asyncio.base_events.Server | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://{self._advertised_host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{self._advertised_host}:{self.port}"
 
     async def start(self, host: str, port: int) -> None:
         self._listener = await asyncio.start_server(self._serve, host, port,
                                                     limit=REQUEST_HEAD_BYTES_MAX,
-                                                    reuse_address=True)
+                                                    reuse_address=True, ssl=self._tls)
         self.port = self._listener.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -161,7 +169,8 @@ class AdminServer:
             log.exception("admin request failed")
             answer = _json(500, {"error": "internal error; see the broker log"})
         status, content_type, payload = answer
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
+        challenge = "WWW-Authenticate: Bearer\r\n" if status == 401 else ""
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n{challenge}"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
                 "Connection: close\r\n\r\n")
         try:
@@ -180,8 +189,17 @@ class AdminServer:
         for line in header_lines:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
+        if self._token is not None and not _bearer_ok(headers.get("authorization", ""),
+                                                      self._token):
+            return _json(401, {"error": "missing or wrong bearer token"})
         length = int(headers.get("content-length", "0"))
         if not 0 <= length <= REQUEST_BODY_BYTES_MAX:
             return _json(413, {"error": f"body over {REQUEST_BODY_BYTES_MAX} bytes"})
         body = await reader.readexactly(length) if length else b""
         return route(self._faults, self._metrics, method.upper(), path, body)
+
+
+def _bearer_ok(authorization: str, token: str) -> bool:
+    scheme, _, presented = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(),
+                                                              token.encode())

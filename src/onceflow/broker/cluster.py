@@ -18,8 +18,14 @@ import zlib
 class Node:
     node_id: int
     host: str          # advertised host
-    port: int          # advertised port
+    port: int          # advertised port (of the first listener)
     up: bool = True
+    # listener name -> advertised (host, port): Metadata answers a client the addresses
+    # of the listener it came in on.
+    endpoints: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+
+    def endpoint(self, listener: str | None) -> tuple[str, int]:
+        return self.endpoints.get(listener or "", (self.host, self.port))
 
 
 class Cluster:

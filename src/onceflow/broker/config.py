@@ -6,6 +6,8 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+from onceflow.security.listeners import Listener, parse_advertised, parse_listeners
+
 # socket.request.max.bytes: the largest frame a peer may send. Checked before the
 # body is read, so a hostile length prefix costs nothing.
 FRAME_BYTES_MAX = 100 * 1024 * 1024
@@ -71,6 +73,46 @@ class BrokerConfig:
     consumer_group_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
     # least time between two resolutions of a group's regexes (Kafka: 10 s, a constant)
     consumer_group_regex_refresh_interval_ms: int = 10_000
+
+    # Security (issue 13), Kafka's names. listeners: None = one PLAINTEXT listener on
+    # host:port (the `--port` shorthand).
+    listeners: str | None = None                         # listeners
+    listener_security_protocol_map: str | None = None    # listener.security.protocol.map
+    advertised_listeners: str | None = None              # advertised.listeners
+    ssl_certfile: Path | None = None                     # ssl.keystore.location (PEM)
+    ssl_keyfile: Path | None = None                      # its private key (PEM)
+    ssl_cafile: Path | None = None                       # ssl.truststore.location (PEM)
+    ssl_client_auth: str = "none"                        # ssl.client.auth
+    sasl_mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")  # sasl.enabled.mechanisms
+    add_scram: tuple[str, ...] = ()                      # kafka-storage --add-scram values
+    authorizer: bool = False                             # authorizer.class.name set
+    super_users: tuple[str, ...] = ()                    # super.users
+    allow_everyone_if_no_acl_found: bool = False         # allow.everyone.if.no.acl.found
+    admin_token: str | None = None   # the admin port wants `Authorization: Bearer <token>`
+    admin_tls: bool = False          # the admin port speaks HTTPS (the listeners' certificate)
+    # connection.failed.authentication.delay.ms: a failed login is answered this late.
+    connection_failed_authentication_delay_ms: int = 100
+    # A SASL connection not logged in within this long is closed (no Kafka setting of this
+    # name; Kafka's connections.max.idle.ms bounds idle connections).
+    sasl_authentication_timeout_ms: int = 30_000
+
+    def listener_list(self) -> tuple[Listener, ...]:
+        """The configured listeners (parsed; raises ListenerError on bad syntax)."""
+        if self.listeners is None:
+            return (Listener("PLAINTEXT", "PLAINTEXT", self.host, self.port),)
+        return parse_listeners(self.listeners, self.listener_security_protocol_map)
+
+    def advertised_endpoint(self, listener: Listener, node_id: int,
+                            bound_port: int) -> tuple[str, int]:
+        """The host and port clients of `listener` are told to use for `node_id`."""
+        advertised = parse_advertised(self.advertised_listeners, self.listener_list())
+        if listener.name in advertised:
+            host, port = advertised[listener.name]
+            return (host or "127.0.0.1"), (port + node_id if port else bound_port)
+        if self.listeners is None:
+            return self.advertised(node_id, bound_port)
+        host = listener.host
+        return ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host), bound_port
 
     def feature_levels(self) -> dict[str, int]:
         """Finalized feature levels that differ from protocol.apis.FEATURES' defaults."""

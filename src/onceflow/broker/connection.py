@@ -28,10 +28,13 @@ import collections
 import logging
 from collections.abc import Callable
 
+from onceflow.broker.access import Access, Session
 from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX
 from onceflow.broker.pipeline import Answer, Peer, RequestPipeline
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import BufferPool, FrameReader
+from onceflow.security.listeners import Listener
+from onceflow.security.sasl import SaslState, SaslStateError
 
 log = logging.getLogger("onceflow.broker")
 
@@ -40,17 +43,20 @@ class Connections:
     """The open connections of one broker process and what they share."""
 
     def __init__(self, pipeline: RequestPipeline, refuses: Callable[[int], bool],
-                 frame_bytes_max: int) -> None:
+                 frame_bytes_max: int, access: Access,
+                 sasl_authentication_timeout_ms: int = 30_000) -> None:
         self.pipeline = pipeline
+        self.access = access
+        self.sasl_authentication_timeout_ms = sasl_authentication_timeout_ms
         self.refuses = refuses  # FaultInjector.refuses: close a just-accepted connection?
         self.frame_bytes_max = frame_bytes_max
         self.frame_pool = BufferPool()  # large request frames, shared by all connections
         self.open: set[Connection] = set()
         self.handler_failures = 0
 
-    def accept(self, node_id: int) -> Connection:
-        """The protocol of a connection just accepted by node `node_id`'s listener."""
-        return Connection(self, node_id)
+    def accept(self, node_id: int, listener: Listener) -> Connection:
+        """The protocol of a connection just accepted by node `node_id`'s `listener`."""
+        return Connection(self, node_id, listener)
 
     def close_node(self, node_id: int, reason: str) -> None:
         for connection in list(self.open):
@@ -63,9 +69,10 @@ class Connections:
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, shared: Connections, node_id: int) -> None:
+    def __init__(self, shared: Connections, node_id: int, listener: Listener) -> None:
         self._shared = shared
         self._pipeline = shared.pipeline
+        self._listener = listener
         self._peer = Peer(node_id)
         self._frames = FrameReader(shared.frame_bytes_max, shared.frame_pool)
         # (answer, frame) per request in the broker, oldest first.
@@ -77,6 +84,8 @@ class Connection(asyncio.BufferedProtocol):
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
         self._closed = False
+        self._closing: str | None = None  # close once the admitted requests are answered
+        self._login_deadline: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -90,9 +99,21 @@ class Connection(asyncio.BufferedProtocol):
             self._drop("fault injection: connection refused")
             return
         self._peer.client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
+        self._peer.session = _session(self._shared.access, self._listener, transport)
         self._shared.open.add(self)
+        if self._peer.session.sasl is not None:
+            # An unauthenticated peer may not hold a connection for ever.
+            self._login_deadline = asyncio.get_running_loop().call_later(
+                self._shared.sasl_authentication_timeout_ms / 1000, self._login_overdue)
+
+    def _login_overdue(self) -> None:
+        session = self._peer.session
+        if not self._closed and session is not None and not session.authenticated:
+            self._drop("SASL authentication not completed in time")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._login_deadline is not None:
+            self._login_deadline.cancel()
         self._closed = True
         self._shared.open.discard(self)
         self._can_write.set()
@@ -115,7 +136,7 @@ class Connection(asyncio.BufferedProtocol):
             self._frames.buffer_updated(nbytes)
             while (frame := self._frames.next_frame()) is not None:
                 self._start(frame)
-                if self._closed:
+                if self._closed or self._closing is not None:
                     return
         except ProtocolError as exc:
             self._drop(f"protocol error: {exc}")
@@ -127,6 +148,9 @@ class Connection(asyncio.BufferedProtocol):
             work = self._pipeline.start(frame, self._peer, self._drop)
         except UnsupportedVersion as exc:
             self._drop(f"unsupported API {exc.header.api_key} v{exc.header.api_version}")
+            return
+        except SaslStateError as exc:   # a request before (or instead of) authentication
+            self._close_when_answered(str(exc))
             return
         if isinstance(work, bytes):  # answered by the pipeline itself
             self._enqueue(_done(work), frame)
@@ -165,10 +189,41 @@ class Connection(asyncio.BufferedProtocol):
                 else:
                     self._transport.write(payload)
                 await self._can_write.wait()
+            if self._login_failed():
+                # Kafka closes after the SASL_AUTHENTICATION_FAILED (or
+                # UNSUPPORTED_SASL_MECHANISM) answer; close() flushes it first.
+                log.info("closing connection to node %d: SASL authentication failed",
+                         self.node_id)
+                self._closed = True
+                if self._transport is not None:
+                    self._transport.close()
+                return
+            if self._closing is not None:
+                if not self._pending and self._transport is not None:
+                    self._closed = True
+                    self._transport.close()   # flushes the answers written above
+                continue
             if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
                 self._reading_paused = False
                 if self._transport is not None and not self._closed:
                     self._transport.resume_reading()
+
+    def _close_when_answered(self, reason: str) -> None:
+        """Answer what was admitted before the offending request, then close (Kafka
+        handles SASL requests one at a time, so those answers would have gone out)."""
+        if not self._pending:
+            self._drop(reason)
+            return
+        log.info("closing connection to node %d after its answers: %s", self.node_id, reason)
+        self._closing = reason
+        if self._transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _login_failed(self) -> bool:
+        session = self._peer.session
+        return (session is not None and session.sasl is not None
+                and session.sasl.state == SaslState.FAILED)
 
     def _drop(self, reason: str) -> None:
         log.info("closing connection to node %d: %s", self.node_id, reason)
@@ -186,6 +241,41 @@ def _client_host(transport: asyncio.BaseTransport) -> str:
     """Kafka's client host: "/" + the peer's IP address (issue 4: DescribeGroups)."""
     peer = transport.get_extra_info("peername")
     return f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
+
+
+def _session(access: Access, listener: Listener, transport: asyncio.BaseTransport) -> Session:
+    """A new connection's session; with a verified client certificate (mTLS) its principal
+    is `User:` + the certificate's subject in RFC 2253 form (Kafka's default rule)."""
+    peer = transport.get_extra_info("peername")
+    session = access.session(listener, peer[0] if isinstance(peer, tuple) and peer else "")
+    if listener.tls and not listener.sasl:
+        ssl_object = transport.get_extra_info("ssl_object")
+        cert = ssl_object.getpeercert() if ssl_object is not None else None
+        if cert:
+            session.principal = f"User:{rfc2253(cert.get('subject', ()))}"
+    return session
+
+
+# Attribute names of ssl.getpeercert() -> the keywords of RFC 2253 (Java's X500Principal).
+_RDN_KEYWORDS = {"commonName": "CN", "organizationName": "O",
+                 "organizationalUnitName": "OU", "countryName": "C", "localityName": "L",
+                 "stateOrProvinceName": "ST", "streetAddress": "STREET",
+                 "domainComponent": "DC", "userId": "UID"}
+
+
+def rfc2253(subject: tuple) -> str:
+    """A certificate subject (ssl.getpeercert()'s form) as RFC 2253 text: most specific
+    RDN first, ",+\"\\<>;" escaped, as Java's X500Principal.getName() writes it."""
+    def escape(value: str) -> str:
+        out = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+        if out.startswith((" ", "#")):
+            out = "\\" + out
+        return out[:-1] + "\\ " if out.endswith(" ") else out
+
+    rdns = []
+    for rdn in reversed(subject):
+        rdns.append("+".join(f"{_RDN_KEYWORDS.get(k, k)}={escape(v)}" for k, v in rdn))
+    return ",".join(rdns)
 
 
 def _done(payload: bytes) -> asyncio.Future[Answer | bytes]:

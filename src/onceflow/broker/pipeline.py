@@ -10,9 +10,13 @@ in request order. Every stage in between lives here, each small enough to test a
   request of a version the broker does not speak is answered right here with Kafka's v0
   fallback (bytes). Any other unsupported API raises `UnsupportedVersion`, a malformed
   frame `ProtocolError`: the connection closes, as Kafka does.
-- authenticate, authorize (`authenticate`, `authorize`): every request passes today.
-  They are the slots for SASL authentication and ACL checks, which will answer or close
-  before a handler runs.
+- authenticate (`authenticate`): on a SASL listener, until the login succeeds only what
+  the connection's SASL state allows passes (security/sasl.py: ApiVersions, then
+  SaslHandshake, then SaslAuthenticate); anything else raises `SaslStateError` and the
+  connection closes, as Kafka's SaslServerAuthenticator does.
+- authorize: the checks are per resource (a Produce may write one topic and be refused
+  another), so each handler asks `RequestContext.authorized` for what Kafka's KafkaApis
+  checks for that API (docs/security.md has the table); the stage itself passes.
 - fault injection (`FaultInjector.intercept`, broker/faults.py): hands the work back
   untouched unless a rule fires (with no rule, one truthiness test).
 - handler (`respond`): the API's handler (broker/handlers/) with a `RequestContext`;
@@ -33,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 
+from onceflow.broker.access import Access, Session
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, Handler, RequestContext
 from onceflow.broker.runtime.groups import GroupRuntime
@@ -60,6 +65,7 @@ class Peer:
 
     node_id: int           # the node this connection reached
     client_host: str = ""  # "/<peer ip>", as Kafka reports members (issue 4)
+    session: Session | None = None  # listener, principal, SASL state (issue 13)
 
 
 def decode(frame: bytes | memoryview) -> Request | bytes:
@@ -75,11 +81,15 @@ def decode(frame: bytes | memoryview) -> Request | bytes:
 
 
 def authenticate(request: Request, peer: Peer) -> None:
-    """Stage slot for authentication (SASL): every request passes for now."""
+    """Before a SASL login completes, only the requests of the SASL exchange pass;
+    raises SaslStateError (the connection closes) for any other."""
+    session = peer.session
+    if session is not None and session.sasl is not None:
+        session.sasl.check(request.header.api_key)
 
 
 def authorize(request: Request, peer: Peer) -> None:
-    """Stage slot for authorization (ACLs): every request passes for now."""
+    """ACL checks happen in the handlers, per resource (`RequestContext.authorized`)."""
 
 
 def encode(header: RequestHeader, body: dict | None) -> Answer:
@@ -93,8 +103,10 @@ class RequestPipeline:
     """The stages above, over one broker's state, coordinator runtimes and faults."""
 
     def __init__(self, state: BrokerState, groups: GroupRuntime, txns: TxnRuntime,
-                 faults: FaultInjector, handlers: Mapping[int, Handler] = HANDLERS) -> None:
+                 faults: FaultInjector, handlers: Mapping[int, Handler] = HANDLERS,
+                 access: Access | None = None) -> None:
         self._state = state
+        self._access = access
         self._groups = groups
         self._txns = txns
         self._faults = faults
@@ -120,7 +132,7 @@ class RequestPipeline:
             raise RuntimeError(f"no handler for API key {header.api_key}")
         ctx = RequestContext(self._state, self._groups, self._txns, peer.node_id,
                              header.api_key, header.api_version, header.client_id,
-                             peer.client_host)
+                             peer.client_host, peer.session, self._access)
         body = await handler(ctx, request.body)
         self._metrics.observe_response(header.api_key, body)
         return encode(header, body)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 
 from onceflow.broker.admin import (
     AdminContext,
@@ -33,6 +34,7 @@ from onceflow.broker.admin import (
     SegmentView,
     route,
 )
+from onceflow.broker.access import Access
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.connection import Connections
@@ -42,6 +44,7 @@ from onceflow.broker.pipeline import RequestPipeline
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState
+from onceflow.security.listeners import Listener
 
 log = logging.getLogger("onceflow.broker")
 
@@ -71,6 +74,7 @@ class BrokerServer:
         self.groups: GroupRuntime | None = None  # consumer groups (issue 4)
         self.txns: TxnRuntime | None = None  # transactions (issue 5)
         self.connections: Connections | None = None
+        self.access: Access | None = None  # users, ACLs, authorizer (issue 13)
         self.admin: AdminFrontend | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._housekeeping: list[asyncio.Future[None]] = []
@@ -83,27 +87,36 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        listeners = self.config.listener_list()
+        tls = tls_context(self.config) if any(lsn.tls for lsn in listeners) else None
+        self.access = Access(self.config)
         nodes = []
         for node_id in range(self.config.nodes):
-            port = self.config.port + node_id if self.config.port else 0
-            server = await loop.create_server(
-                lambda node_id=node_id: self._accept(node_id),
-                self.config.host,
-                port,
-                reuse_address=True,
-                start_serving=False,  # not before everything below is wired
-            )
-            self._servers.append(server)
-            bound_port = server.sockets[0].getsockname()[1]
-            host, advertised_port = self.config.advertised(node_id, bound_port)
-            nodes.append(Node(node_id, host, advertised_port))
+            endpoints: dict[str, tuple[str, int]] = {}
+            for listener in listeners:
+                port = listener.port + node_id if listener.port else 0
+                server = await loop.create_server(
+                    lambda node_id=node_id, listener=listener: self._accept(node_id, listener),
+                    listener.host or None,
+                    port,
+                    reuse_address=True,
+                    ssl=tls if listener.tls else None,
+                    start_serving=False,  # not before everything below is wired
+                )
+                self._servers.append(server)
+                bound_port = server.sockets[0].getsockname()[1]
+                endpoints[listener.name] = self.config.advertised_endpoint(listener, node_id,
+                                                                           bound_port)
+            host, advertised_port = endpoints[listeners[0].name]
+            nodes.append(Node(node_id, host, advertised_port, endpoints=endpoints))
         state = self.state = BrokerState(self.config, Cluster(nodes))
         groups = self.groups = GroupRuntime(state)
         txns = self.txns = TxnRuntime(state, groups)
         txns.crash_points = self.faults  # crash_after rules (tests)
-        pipeline = RequestPipeline(state, groups, txns, self.faults)
+        pipeline = RequestPipeline(state, groups, txns, self.faults, access=self.access)
         connections = self.connections = Connections(pipeline, self.faults.refuses,
-                                                     self.config.frame_bytes_max)
+                                                     self.config.frame_bytes_max, self.access,
+                                                     self.config.sasl_authentication_timeout_ms)
         self.faults.attach(loop, state.cluster, state.metrics, connections.close_node)
         groups.start()  # load __consumer_offsets, timers
         txns.start()  # load __transaction_state, timers
@@ -119,8 +132,11 @@ class BrokerServer:
             await server.start_serving()
         if self.config.admin_port is not None:
             if self._admin_frontend is None:
-                self.admin = AdminServer(self.faults, state.metrics,
-                                         self.config.advertised(0, self.config.admin_port)[0])
+                self.admin = AdminServer(
+                    self.faults, state.metrics,
+                    self.config.advertised(0, self.config.admin_port)[0],
+                    token=self.config.admin_token,
+                    tls=tls_context(self.config) if self.config.admin_tls else None)
             else:
                 self.admin = self._admin_frontend(self._admin_context(loop, state))
             await self.admin.start(self.config.host, self.config.admin_port)
@@ -143,9 +159,14 @@ class BrokerServer:
         return AdminContext(functools.partial(route, self.faults, state.metrics),
                             self.bootstrap_servers, self.config.host, segments)
 
-    def _accept(self, node_id: int):
+    def _accept(self, node_id: int, listener: Listener):
         assert self.connections is not None  # listeners accept only once it exists
-        return self.connections.accept(node_id)
+        return self.connections.accept(node_id, listener)
+
+    def endpoints(self, listener: str) -> str:
+        """host:port,... of every node on `listener` (a bootstrap list for its clients)."""
+        assert self.state is not None, "start() first"
+        return ",".join("%s:%d" % n.endpoints[listener] for n in self.state.cluster.nodes)
 
     @property
     def admin_url(self) -> str | None:
@@ -170,3 +191,18 @@ class BrokerServer:
         if self.state is not None:
             self.state.close()
         log.info("onceflow broker stopped cleanly")
+
+
+def tls_context(config: BrokerConfig) -> ssl.SSLContext:
+    """The server TLS context of SSL and SASL_SSL listeners (ssl.client.auth: none,
+    requested, required; the CA file names the client certificates' issuers)."""
+    if config.ssl_certfile is None:
+        raise ValueError("an SSL or SASL_SSL listener needs --ssl-certfile (and --ssl-keyfile)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    if config.ssl_cafile is not None:
+        context.load_verify_locations(cafile=config.ssl_cafile)
+    context.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL,
+                           "required": ssl.CERT_REQUIRED}[config.ssl_client_auth]
+    return context

@@ -18,6 +18,7 @@ from onceflow.cli import (
     groups,
     outbox,
     pipeline,
+    security,
     stats,
     topics,
     txn,
@@ -42,6 +43,8 @@ app.add_typer(pipeline.pipeline_app)
 app.add_typer(topics.topics_app)
 app.add_typer(txn.txn_app)
 app.add_typer(txn.producers_app)
+app.add_typer(security.acl_app)
+app.add_typer(security.user_app)
 
 
 def main() -> None:

@@ -64,6 +64,36 @@ def broker(
     group_consumer_heartbeat_interval_ms: int = typer.Option(
         5_000, "--group-consumer-heartbeat-interval-ms", min=1,
         help="Heartbeat interval given to consumer-protocol members."),
+    # security (issue 13), Kafka's names: docs/security.md
+    listeners: str = typer.Option(
+        None, "--listeners",
+        help="NAME://host:port,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL or a mapped "
+             "name); replaces --host/--port."),
+    listener_security_protocol_map: str = typer.Option(
+        None, "--listener-security-protocol-map", help="NAME:PROTOCOL,... for custom names."),
+    advertised_listeners: str = typer.Option(
+        None, "--advertised-listeners", help="NAME://host:port,... told to clients."),
+    ssl_certfile: Path = typer.Option(None, "--ssl-certfile", help="Server certificate (PEM)."),
+    ssl_keyfile: Path = typer.Option(None, "--ssl-keyfile", help="Its private key (PEM)."),
+    ssl_cafile: Path = typer.Option(None, "--ssl-cafile",
+                                    help="CA certificates that client certificates must chain to."),
+    ssl_client_auth: str = typer.Option(
+        "none", "--ssl-client-auth", help="none, requested or required (ssl.client.auth)."),
+    sasl_mechanisms: str = typer.Option(
+        "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--sasl-mechanisms",
+        help="Enabled SASL mechanisms (sasl.enabled.mechanisms); OAUTHBEARER takes "
+             "unsecured test tokens only."),
+    add_scram: list[str] = typer.Option(
+        [], "--add-scram",
+        help="'SCRAM-SHA-512=[name=admin,password=admin-secret]' (repeatable)."),
+    authorizer: bool = typer.Option(False, "--authorizer",
+                                    help="Enforce ACLs, deny by default."),
+    super_users: str = typer.Option(None, "--super-users", help="User:a;User:b (super.users)."),
+    admin_token: str = typer.Option(
+        None, "--admin-token", envvar="ONCEFLOW_ADMIN_TOKEN", show_envvar=True,
+        help="Require 'Authorization: Bearer <token>' on the admin port."),
+    admin_tls: bool = typer.Option(False, "--admin-tls",
+                                   help="Serve the admin port over HTTPS (--ssl-certfile)."),
 ) -> None:
     """Run a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly."""
     if ctx.invoked_subcommand is not None:
@@ -80,6 +110,14 @@ def broker(
         frontend = broker_frontend(console_token)
         admin_port = CONSOLE_ADMIN_PORT if admin_port is None else admin_port
         check_console_settings(host, console_token)
+    security = check_security_settings(
+        listeners=listeners, listener_security_protocol_map=listener_security_protocol_map,
+        advertised_listeners=advertised_listeners, ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile, ssl_cafile=ssl_cafile, ssl_client_auth=ssl_client_auth,
+        sasl_mechanisms=sasl_mechanisms, add_scram=add_scram, authorizer=authorizer,
+        super_users=super_users)
+    if admin_tls and ssl_certfile is None:
+        raise typer.BadParameter("--admin-tls needs --ssl-certfile and --ssl-keyfile")
     config = BrokerConfig(
         data_dir=data_dir, host=host, port=port, nodes=nodes, advertised_host=advertised_host,
         advertised_port=advertised_port, fsync=fsync, num_partitions=num_partitions,
@@ -92,8 +130,46 @@ def broker(
         transaction_version=transaction_version,
         consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
         consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
+        admin_token=admin_token, admin_tls=admin_tls,
+        **security,
     )
     run_broker(config, frontend)
+
+
+@exits_cleanly
+def check_security_settings(**options) -> dict:
+    """The security options as BrokerConfig fields, checked before the broker starts
+    (one line naming the bad option if not; a password never appears in it)."""
+    from onceflow.security.listeners import ListenerError, parse_advertised, parse_listeners
+    from onceflow.security.sasl import MECHANISMS
+    from onceflow.security.scram import CredentialError, parse_add_scram
+
+    mechanisms = tuple(m.strip().upper() for m in options["sasl_mechanisms"].split(",")
+                       if m.strip())
+    unknown = [m for m in mechanisms if m not in MECHANISMS]
+    if unknown:
+        raise typer.BadParameter(f"unknown SASL mechanism(s) {unknown}; known: {MECHANISMS}")
+    if options["ssl_client_auth"] not in ("none", "requested", "required"):
+        raise typer.BadParameter("--ssl-client-auth is none, requested or required")
+    try:
+        if options["listeners"]:
+            parsed = parse_listeners(options["listeners"],
+                                     options["listener_security_protocol_map"])
+            parse_advertised(options["advertised_listeners"], parsed)
+            if any(lsn.tls for lsn in parsed) and not options["ssl_certfile"]:
+                raise ListenerError("an SSL or SASL_SSL listener needs --ssl-certfile")
+    except ListenerError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for spec in options["add_scram"]:
+        try:
+            parse_add_scram(spec)
+        except (CredentialError, ValueError) as exc:
+            # the message names the syntax, never the value (it holds a password)
+            raise typer.BadParameter(f"--add-scram: {exc}") from None
+    super_users = tuple(u.strip() for u in (options["super_users"] or "").split(";")
+                        if u.strip())
+    return dict(options, sasl_mechanisms=mechanisms, add_scram=tuple(options["add_scram"]),
+                super_users=super_users)
 
 
 @exits_cleanly

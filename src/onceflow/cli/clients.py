@@ -60,6 +60,7 @@ from onceflow.client.admin import (  # noqa: F401 - the commands import them fro
     require_topic,
     unreachable_detail,
 )
+from onceflow.client.config import read_properties
 
 # The CLI's name for the client layer's error: a command that raises it exits 1 with
 # its message on one line.
@@ -97,6 +98,23 @@ BootstrapOption = Annotated[
         help="Comma-separated host:port list of brokers.",
     ),
 ]
+
+
+COMMAND_CONFIG_ENV = "ONCEFLOW_COMMAND_CONFIG"
+CommandConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--command-config",
+        envvar=COMMAND_CONFIG_ENV,
+        help="Kafka client properties file (security.protocol, sasl.*, ssl.*), as Kafka's "
+             "tools take it.",
+    ),
+]
+
+
+def command_properties(path: Path | None) -> dict[str, str]:
+    """The client properties of `--command-config` (none without it)."""
+    return read_properties(path) if path is not None else {}
 
 
 class OutputFormat(str, enum.Enum):
@@ -237,6 +255,7 @@ def finish_produce(producer: Producer, tally: DeliveryTally, count: int, topic: 
 def produce(
     topic: Annotated[str, typer.Argument(help="Topic to write to.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     key_separator: Annotated[str | None, typer.Option(
         help="Split each line at the first occurrence into key and value.")] = None,
     file: Annotated[Path | None, typer.Option(
@@ -245,10 +264,11 @@ def produce(
     acks: Annotated[str, typer.Option(help="acks: all, 1 or 0.")] = "all",
 ) -> None:
     """Produce one record per input line (stdin, or --file)."""
-    _admin, metadata = connect_admin(bootstrap_servers)
+    properties = command_properties(command_config)
+    _admin, metadata = connect_admin(bootstrap_servers, properties)
     require_topic(metadata, topic)
     errors = new_client_errors()
-    producer = Producer({**client_config(bootstrap_servers, errors), "acks": acks,
+    producer = Producer({**client_config(bootstrap_servers, errors, properties), "acks": acks,
                          "linger.ms": 5, "allow.auto.create.topics": False})
     separator = key_separator.encode() if key_separator else None
     total_bytes = file.stat().st_size if file else None
@@ -266,9 +286,10 @@ def produce(
 
 
 def consumer_config(bootstrap_servers: str, errors: ClientErrors, group: str | None,
-                    isolation: Isolation, from_beginning: bool) -> dict[str, Any]:
+                    isolation: Isolation, from_beginning: bool,
+                    properties: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        **client_config(bootstrap_servers, errors),
+        **client_config(bootstrap_servers, errors, properties),
         "group.id": group or f"{ANONYMOUS_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
         # Without a group nothing is committed: a CLI read must not move anyone's offsets.
         "enable.auto.commit": group is not None,
@@ -395,6 +416,7 @@ def consume_loop(consumer: Consumer, printer: RecordPrinter, max_messages: int |
 def consume(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     from_beginning: Annotated[bool, typer.Option(
         help="Start at the log start offset instead of the end.")] = False,
     max_messages: Annotated[int | None, typer.Option(
@@ -412,11 +434,12 @@ def consume(
     ] = OutputFormat.table,
 ) -> None:
     """Print records of a topic: partition, offset, key, value (and headers)."""
-    _admin, metadata = connect_admin(bootstrap_servers)
+    properties = command_properties(command_config)
+    _admin, metadata = connect_admin(bootstrap_servers, properties)
     partitions = require_topic(metadata, topic)
     errors = new_client_errors()
     consumer = Consumer(consumer_config(bootstrap_servers, errors, group, isolation,
-                                        from_beginning))
+                                        from_beginning, properties))
     printer = RecordPrinter(output_format, topic)
     clock = ReadClock(in_group=group is not None)
     try:

@@ -18,6 +18,7 @@ or API, a bad error name) comes back as one `error:` line, exit code 1.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Annotated, Any
@@ -28,6 +29,9 @@ from rich.table import Table
 from onceflow.cli.clients import CliError, exits_cleanly, stdout
 
 ADMIN_ENV = "ONCEFLOW_ADMIN"
+# The admin endpoint's bearer token (`onceflow broker --admin-token`), from the environment
+# only: a token on a command line shows in `ps`.
+ADMIN_TOKEN_ENV = "ONCEFLOW_ADMIN_TOKEN"
 ADMIN_DEFAULT = "http://127.0.0.1:9644"
 # The admin endpoint answers from the broker's event loop: a second is plenty; this
 # bounds a broker that hangs.
@@ -52,8 +56,11 @@ faults_app = typer.Typer(
 def admin_request(admin: str, method: str, path: str, body: dict | None = None) -> bytes:
     """The body of the admin endpoint's answer; CliError for anything but success."""
     data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token := os.environ.get(ADMIN_TOKEN_ENV):
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(admin.rstrip("/") + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as answer:
             return answer.read(ADMIN_ANSWER_BYTES_MAX)

@@ -20,6 +20,8 @@ from rich.table import Table
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
+    CommandConfigOption,
+    command_properties,
     CliError,
     connect_admin,
     exits_cleanly,
@@ -57,9 +59,10 @@ IsolationOption = Annotated[Isolation, typer.Option(
 
 @groups_app.command("list")
 @exits_cleanly
-def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
+def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+          command_config: CommandConfigOption = None) -> None:
     """List consumer groups with their states."""
-    admin, _metadata = connect_admin(bootstrap_servers)
+    admin, _metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     groups = list_groups(admin)
     table = Table("group", "type", "state", "simple", title=f"{len(groups)} groups")
     for group in groups:  # type: classic or consumer (KIP-848), from ListGroups v5
@@ -110,10 +113,11 @@ def offsets_table(group: str, rows: Sequence[PartitionOffsets], isolation: Isola
 def describe(
     group: Annotated[str, typer.Argument(help="Consumer group id.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     isolation: IsolationOption = Isolation.read_uncommitted,
 ) -> None:
     """Show a group's members and assignments, committed offsets, log end offsets, lag."""
-    admin, _metadata = connect_admin(bootstrap_servers)
+    admin, _metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     description = describe_group(admin, group)
     rows = group_offsets(admin, group, description)
     console = stdout()
@@ -136,6 +140,7 @@ def reset_table(group: str, steps: Sequence[ResetStep], executed: bool) -> Table
 def reset_offsets(
     group: Annotated[str, typer.Argument(help="Consumer group id.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     to_earliest: Annotated[bool, typer.Option("--to-earliest")] = False,
     to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
     to_offset: Annotated[int | None, typer.Option("--to-offset")] = None,
@@ -157,7 +162,7 @@ def reset_offsets(
         raise CliError("give exactly one of --to-earliest, --to-latest, --to-offset, "
                        "--shift-by, --to-datetime-ms")
     (strategy, value), = chosen
-    admin, metadata = connect_admin(bootstrap_servers)
+    admin, metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     description = describe_group_or_none(admin, group)
     rows = group_offsets(admin, group, description) if description is not None else []
     partitions = partitions_of(metadata.topics, rows, topic)

@@ -32,6 +32,8 @@ from rich.table import Column, Table
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
+    CommandConfigOption,
+    command_properties,
     CliError,
     connect_admin,
     describe_kafka_error,
@@ -88,10 +90,11 @@ def create(
     config: Annotated[list[str] | None, typer.Option(
         "--config", "-c", help="Topic config name=value; repeatable.")] = None,
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Create a topic."""
     configs = parse_configs(config or [])
-    admin, _metadata = connect_admin(bootstrap_servers)
+    admin, _metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     new_topic = NewTopic(name, num_partitions=partitions,
                          replication_factor=replication_factor_, config=configs)
     wait_all(admin.create_topics([new_topic], request_timeout=ADMIN_TIMEOUT_S), name)
@@ -101,9 +104,10 @@ def create(
 
 @topics_app.command("list")
 @exits_cleanly
-def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
+def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+          command_config: CommandConfigOption = None) -> None:
     """List topics with their partition counts."""
-    _admin, metadata = connect_admin(bootstrap_servers)
+    _admin, metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     table = Table("topic", "partitions", "replication factor",
                   title=f"{len(metadata.topics)} topics")
     for name in sorted(metadata.topics):
@@ -117,9 +121,10 @@ def list_(bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT) -> None:
 def delete(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Delete a topic and its data."""
-    admin, metadata = connect_admin(bootstrap_servers)
+    admin, metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     require_topic(metadata, name)
     wait_all(admin.delete_topics([name], request_timeout=ADMIN_TIMEOUT_S), name)
     stdout().print(f"deleted topic {name}", highlight=False)
@@ -175,9 +180,10 @@ def _ids(node_ids: list[int]) -> str:
 def describe(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Show partitions (leaders, replicas, log start/end offsets) and configs."""
-    admin, metadata = connect_admin(bootstrap_servers)
+    admin, metadata = connect_admin(bootstrap_servers, command_properties(command_config))
     partitions = require_topic(metadata, name)
     starts = log_offsets(admin, name, partitions, OffsetSpec.earliest())
     ends = log_offsets(admin, name, partitions, OffsetSpec.latest())

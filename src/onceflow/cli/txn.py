@@ -29,6 +29,8 @@ from rich.table import Table
 from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
+    CommandConfigOption,
+    command_properties,
     CliError,
     exits_cleanly,
     stdout,
@@ -125,6 +127,7 @@ def hanging_table(hanging: Sequence[HangingTransaction], stable: dict[Partition,
 @exits_cleanly
 def list_(
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     state: Annotated[list[str] | None, typer.Option(
         help="Only transactions in this state (Ongoing, PrepareCommit, ...); repeatable.")] = None,
     producer_id: Annotated[list[int] | None, typer.Option(
@@ -133,7 +136,7 @@ def list_(
         help="Only transactions open longer than this (brokers with ListTransactions v1+).")] = -1,
 ) -> None:
     """List the transactional ids every coordinator knows, with their states."""
-    with Cluster.connect(bootstrap_servers) as cluster:
+    with Cluster.connect(bootstrap_servers, command_properties(command_config)) as cluster:
         listed = list_transactions(cluster, states=state or (), producer_ids=producer_id or (),
                                    older_than_ms=older_than_ms)
     stdout().print(listed_table(listed))
@@ -144,9 +147,10 @@ def list_(
 def describe(
     transactional_id: Annotated[str, typer.Argument(help="Transactional id.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Show a transactional id's state, producer, timeout, start time and partitions."""
-    with Cluster.connect(bootstrap_servers) as cluster:
+    with Cluster.connect(bootstrap_servers, command_properties(command_config)) as cluster:
         described = describe_transaction(cluster, transactional_id)
     if described is None:
         raise CliError(f"unknown transactional id '{transactional_id}'")
@@ -157,6 +161,7 @@ def describe(
 @exits_cleanly
 def find_hanging_command(
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     topic: Annotated[str | None, typer.Option(help="Search only this topic.")] = None,
     partition: Annotated[int | None, typer.Option(help="Search only this partition.")] = None,
     older_than_ms: Annotated[int, typer.Option(
@@ -164,7 +169,7 @@ def find_hanging_command(
         = TRANSACTION_MAX_TIMEOUT_MS,
 ) -> None:
     """Find open transactions that hold an LSO back and that no coordinator will end."""
-    with Cluster.connect(bootstrap_servers) as cluster:
+    with Cluster.connect(bootstrap_servers, command_properties(command_config)) as cluster:
         partitions = searched_partitions(cluster.metadata, topic, partition)
         hanging = find_hanging(cluster, partitions, older_than_ms, now_ms())
         stable = cluster.offsets({h.producer.partition for h in hanging},
@@ -178,6 +183,7 @@ def abort(
     topic: Annotated[str, typer.Option(help="Topic of the hanging transaction.")],
     partition: Annotated[int, typer.Option(help="Partition of the hanging transaction.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
     start_offset: Annotated[int | None, typer.Option(
         help="First offset of the transaction (see find-hanging or producers describe).")] = None,
     producer_id: Annotated[int | None, typer.Option(help="Instead of --start-offset.")] = None,
@@ -186,7 +192,7 @@ def abort(
 ) -> None:
     """Abort a hanging transaction on one partition (writes an ABORT marker there)."""
     key = (topic, partition)
-    with Cluster.connect(bootstrap_servers) as cluster:
+    with Cluster.connect(bootstrap_servers, command_properties(command_config)) as cluster:
         target = abort_target(cluster, key, start_offset, producer_id, producer_epoch,
                               coordinator_epoch)
         write_abort_marker(cluster, target)
@@ -202,10 +208,11 @@ def describe_producers_command(
     topic: Annotated[str, typer.Argument(help="Topic.")],
     partition: Annotated[int, typer.Argument(help="Partition.")],
     bootstrap_servers: BootstrapOption = BOOTSTRAP_DEFAULT,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Show a partition's active producers: ids, epochs, sequences, open transactions."""
     key = (topic, partition)
-    with Cluster.connect(bootstrap_servers) as cluster:
+    with Cluster.connect(bootstrap_servers, command_properties(command_config)) as cluster:
         states = describe_producers(cluster, [key]).get(key, [])
         log_end = cluster.offsets([key], IsolationLevel.READ_UNCOMMITTED).get(key)
         stable = cluster.offsets([key], IsolationLevel.READ_COMMITTED).get(key)

@@ -67,10 +67,16 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
+    SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -163,6 +169,17 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # may subscribe with a regex - librdkafka 2.16 sends only v1. ConsumerGroupDescribe v1
     # adds the member type (KIP-1099).
     ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    # Security (issue 13). SaslHandshake v1 and SaslAuthenticate: tokens framed as
+    # requests (KIP-152); v0 handshakes (raw tokens after it) are not offered. v2 of
+    # SaslAuthenticate carries the session lifetime (KIP-368). ACL APIs from v1 (prefixed
+    # patterns, KIP-290; v0 is gone from Kafka 4); the SCRAM APIs have only v0.
+    ApiKey.SASL_HANDSHAKE: (1, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+    ApiKey.DESCRIBE_ACLS: (1, 3),
+    ApiKey.CREATE_ACLS: (1, 3),
+    ApiKey.DELETE_ACLS: (1, 3),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
 

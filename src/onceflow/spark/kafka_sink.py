@@ -319,8 +319,12 @@ class TransactionalWriter:
         # librdkafka names the cause of a fatal error (such as being fenced) only here;
         # later calls just fail with _FATAL.
         self.fatal_error: KafkaError | None = None
+        # The first failed delivery: a failed commit only says "N message(s) failed
+        # delivery", this says why (TOPIC_AUTHORIZATION_FAILED without Write, ...).
+        self.delivery_error: KafkaError | None = None
         config = options.producer_config(transactional_id)
         config["error_cb"] = self._on_error
+        config["on_delivery"] = self._on_delivery   # errors only (delivery.report.only.error)
         self.producer = Producer(config)
         init_timeout_s = options.transaction_timeout_ms / 1000 + INIT_TIMEOUT_MARGIN_S
         try:
@@ -398,7 +402,14 @@ class TransactionalWriter:
             return (f"transaction of {self.transactional_id} was fenced: a newer attempt of this "
                     f"partition initialised the same transactional id, so this attempt's rows "
                     f"are discarded ({error})")
+        if error.code() == KafkaError._INCONSISTENT and self.delivery_error is not None:
+            return (f"commit of {self.transactional_id} failed: {error}; first delivery "
+                    f"error: {self.delivery_error}")
         return f"commit of {self.transactional_id} failed: {error}"
+
+    def _on_delivery(self, error: KafkaError | None, _message) -> None:
+        if error is not None and self.delivery_error is None:
+            self.delivery_error = error
 
     def _abort_quietly(self) -> None:
         try:

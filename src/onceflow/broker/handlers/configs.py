@@ -9,6 +9,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import config as topic_config
 from onceflow.storage.store import TopicInfo
 
@@ -66,11 +67,25 @@ def _broker_configs(ctx: RequestContext, keys) -> list[dict]:
     return [_entry(k, v, SOURCE_STATIC_BROKER) for k, v in values.items() if not keys or k in keys]
 
 
+def _denied(ctx: RequestContext, resource, operation: Operation) -> ErrorCode | None:
+    """Kafka's check: the topic's or the cluster's (broker resources) DescribeConfigs or
+    AlterConfigs (issue 13)."""
+    if resource.resource_type == RESOURCE_TOPIC:
+        if not ctx.authorized(operation, ResourceType.TOPIC, resource.resource_name):
+            return ErrorCode.topic_authorization_failed
+    elif not ctx.authorized_cluster(operation):
+        return ErrorCode.cluster_authorization_failed
+    return None
+
+
 def _describe_one(ctx: RequestContext, resource) -> dict:
     result = {"error_code": ErrorCode.none, "error_message": None,
               "resource_type": resource.resource_type, "resource_name": resource.resource_name,
               "configs": []}
     keys = resource.configuration_keys
+    denied = _denied(ctx, resource, Operation.DESCRIBE_CONFIGS)
+    if denied is not None:
+        return {**result, "error_code": denied}
     if resource.resource_type == RESOURCE_TOPIC:
         info = ctx.broker.topic(resource.resource_name)
         if info is None:
@@ -112,6 +127,9 @@ def _apply_ops(current: dict[str, str], ops) -> dict[str, str]:
 def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
     result = {"error_code": ErrorCode.none, "error_message": None,
               "resource_type": resource.resource_type, "resource_name": resource.resource_name}
+    denied = _denied(ctx, resource, Operation.ALTER_CONFIGS)
+    if denied is not None:
+        return {**result, "error_code": denied}
     if resource.resource_type != RESOURCE_TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": "only topic configs can be altered"}

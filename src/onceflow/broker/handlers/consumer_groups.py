@@ -18,7 +18,8 @@ from collections.abc import Iterable
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers import ApiKey, RequestContext, handles, route_group
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.groups.consumer.coordinator import DescribedConsumerGroup
 from onceflow.groups.consumer.heartbeat import HeartbeatRequest
 from onceflow.protocol.codec import to_ms
@@ -53,7 +54,7 @@ def _heartbeat_response(result) -> dict:
 @handles(ApiKey.CONSUMER_GROUP_HEARTBEAT)
 async def consumer_group_heartbeat(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is not None:
         return {"throttle_time": 0, "error_code": error, "member_epoch": NOT_SET,
                 "heartbeat_interval": 0}
@@ -103,7 +104,8 @@ async def consumer_group_describe(ctx: RequestContext, body) -> dict:
     runtime.refresh_topics()
     groups = []
     for group_id in body.group_ids:
-        error = runtime.route(group_id, ctx.node_id) if group_id else ErrorCode.invalid_group_id
+        error = (route_group(ctx, group_id, Operation.DESCRIBE) if group_id
+                 else ErrorCode.invalid_group_id)
         if error is not None:
             described = DescribedConsumerGroup(group_id, error)
         else:

@@ -4,6 +4,9 @@ A group's coordinator is the leader of its `__consumer_offsets` partition, a tra
 id's the leader of its `__transaction_state` partition (`partition_for(key)`, Kafka's hash
 in both). The first lookup of each kind creates its topic, as Kafka does, so it is answered
 at once. Any other key type is INVALID_REQUEST, and so is an empty transactional id.
+With the authorizer on, a group needs Describe on it (else GROUP_AUTHORIZATION_FAILED), a
+transactional id Describe on it (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED), as in Kafka.
+The coordinator's address is the one of the listener the request came in on.
 
 Versions: v0 asks for one group and does not echo the key; v1-v3 add the key type and an
 error message; v4+ (KIP-699) batches keys and answers one entry per key.
@@ -14,6 +17,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.security.acl import Operation, ResourceType
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -29,15 +33,20 @@ async def _lookup(ctx: RequestContext, key: str, key_type: int) -> dict:
     if key_type == KEY_TYPE_TRANSACTION:
         if not key:
             return _error(key, ErrorCode.invalid_request, "empty transactional id")
+        if not ctx.authorized(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+            return _error(key, ErrorCode.transactional_id_authorization_failed, None)
         runtime = ctx.txns
     elif key_type == KEY_TYPE_GROUP:
+        if not ctx.authorized(Operation.DESCRIBE, ResourceType.GROUP, key):
+            return _error(key, ErrorCode.group_authorization_failed, None)
         runtime = ctx.groups
     else:
         return _error(key, ErrorCode.invalid_request, f"unknown key type {key_type}")
     await runtime.ensure_topic()
     node_id = runtime.coordinator_node(key)
     node = ctx.broker.cluster.nodes[node_id]
-    return {"key": key, "node_id": node.node_id, "host": node.host, "port": node.port,
+    host, port = node.endpoint(ctx.listener)
+    return {"key": key, "node_id": node.node_id, "host": host, "port": port,
             "error_code": ErrorCode.none, "error_message": None}
 
 

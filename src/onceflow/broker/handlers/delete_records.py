@@ -5,6 +5,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.security.acl import Operation, ResourceType
 
 HIGH_WATERMARK = -1
 
@@ -12,6 +13,8 @@ HIGH_WATERMARK = -1
 def _one(ctx: RequestContext, topic: str, p) -> dict:
     state = ctx.broker
     result = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": ErrorCode.none}
+    if not ctx.authorized(Operation.DELETE, ResourceType.TOPIC, topic):
+        return {**result, "error_code": ErrorCode.topic_authorization_failed}
     info = state.topic(topic)
     partition = state.partition(topic, p.partition_index) if info else None
     if partition is None:

@@ -32,6 +32,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.config import FETCH_WAIT_MS_MAX
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
 from onceflow.storage import OffsetOutOfRange
@@ -80,7 +81,10 @@ def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
         key = topic.topic_id if by_id else topic.topic
         for p in topic.partitions:
             item = _Wanted(key, p.partition, p.fetch_offset, p.partition_max_bytes, None)
-            if info is None:
+            name = info.name if info is not None else (None if by_id else topic.topic)
+            if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
+                item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
+            elif info is None:
                 item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
             elif (partition := state.partition(info.name, p.partition)) is None:
                 item.error_code = ErrorCode.unknown_topic_or_partition

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers import ApiKey, RequestContext, handles, route_group
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.groups import (
     DescribedGroup,
     JoinGroupResult,
@@ -60,7 +61,7 @@ def _join_response(api_version: int, result: JoinGroupResult) -> dict:
 @handles(ApiKey.JOIN_GROUP)
 async def join_group(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is not None:
         return _join_response(ctx.api_version, JoinGroupResult(error, body.member_id))
     rebalance = getattr(body, "rebalance_timeout", None)
@@ -87,7 +88,7 @@ def _sync_response(result: SyncGroupResult) -> dict:
 @handles(ApiKey.SYNC_GROUP)
 async def sync_group(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is not None:
         return _sync_response(SyncGroupResult(error))
     result = await runtime.answer(lambda respond: runtime.coordinator.sync_group(
@@ -105,7 +106,7 @@ async def sync_group(ctx: RequestContext, body) -> dict:
 @handles(ApiKey.HEARTBEAT)
 async def heartbeat(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is None:
         result = await runtime.persist(runtime.coordinator.heartbeat(
             group_id=body.group_id, generation_id=body.generation_id, member_id=body.member_id,
@@ -131,7 +132,7 @@ def _leave_response(api_version: int, result: LeaveGroupResult) -> dict:
 @handles(ApiKey.LEAVE_GROUP)
 async def leave_group(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is not None:
         return _leave_response(ctx.api_version, LeaveGroupResult(error))
     if ctx.api_version < BATCHED_LEAVE_MIN_VERSION:
@@ -165,7 +166,7 @@ def _described(api_version: int, group: DescribedGroup) -> dict:
 
 def _describe_one(ctx: RequestContext, group_id: str) -> DescribedGroup:
     runtime = ctx.groups
-    error = runtime.route(group_id, ctx.node_id)
+    error = route_group(ctx, group_id, Operation.DESCRIBE)
     if error is not None:
         return DescribedGroup(group_id, error, "")
     return runtime.coordinator.describe_groups([group_id])[0]
@@ -186,7 +187,9 @@ async def list_groups(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
     result = runtime.coordinator.list_groups(getattr(body, "states_filter", ()) or (),
                                              getattr(body, "types_filter", ()) or ())
-    ours = [g for g in result.groups if runtime.coordinator_node(g.group_id) == ctx.node_id]
+    ours = [g for g in result.groups if runtime.coordinator_node(g.group_id) == ctx.node_id
+            and (ctx.authorized_cluster(Operation.DESCRIBE)
+                 or ctx.authorized(Operation.DESCRIBE, ResourceType.GROUP, g.group_id))]
     return {"throttle_time": 0, "error_code": result.error,
             "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type,
                         "group_state": g.group_state, "group_type": g.group_type}
@@ -199,7 +202,7 @@ async def list_groups(ctx: RequestContext, body) -> dict:
 @handles(ApiKey.DELETE_GROUPS)
 async def delete_groups(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    errors = {g: runtime.route(g, ctx.node_id) for g in body.groups_names}
+    errors = {g: route_group(ctx, g, Operation.DELETE) for g in body.groups_names}
     ours = [g for g, error in errors.items() if error is None]
     deleted = {}
     if ours:

@@ -1,6 +1,7 @@
 """ListOffsets: earliest, latest, max timestamp, or the first offset at a timestamp.
 
 "Latest" is the high watermark, or the last stable offset under read_committed.
+A topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED (issue 13).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.handlers.fetch import READ_COMMITTED, last_stable_offset
+from onceflow.security.acl import Operation, ResourceType
 
 # Special timestamps of ListOffsets (Kafka's ListOffsetsRequest).
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
@@ -18,6 +20,8 @@ def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
     state = ctx.broker
     result = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
               "timestamp": -1, "offset": -1, "leader_epoch": state.cluster.leader_epoch}
+    if not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, topic):
+        return {**result, "error_code": ErrorCode.topic_authorization_failed}
     info = state.topic(topic)
     partition = state.partition(topic, p.partition_index) if info else None
     if partition is None:

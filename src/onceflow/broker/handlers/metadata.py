@@ -12,17 +12,18 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.handlers.topics import create_topic
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.store import TopicInfo
 
 # Kafka's sentinel for "authorized operations not requested".
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 
 
-def brokers(state: BrokerState) -> list[dict]:
-    return [
-        {"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
-        for n in state.cluster.live_nodes()
-    ]
+def brokers(state: BrokerState, listener: str | None = None) -> list[dict]:
+    """Live nodes with their addresses on `listener` (None: the first listener's)."""
+    nodes = state.cluster.live_nodes()
+    return [{"node_id": n.node_id, "host": h, "port": p, "rack": None}
+            for n, (h, p) in zip(nodes, (n.endpoint(listener) for n in nodes))]
 
 
 def _partition(state: BrokerState, info: TopicInfo, index: int) -> dict:
@@ -60,11 +61,19 @@ def _lookup(ctx: RequestContext, requested, allow_create: bool) -> dict:
     topic_id = getattr(requested, "topic_id", None)
     if name is None and topic_id is not None:
         info = state.topic_by_id(topic_id)
+        if info is not None and not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC,
+                                                   info.name):
+            return _missing(None, topic_id, ErrorCode.topic_authorization_failed)
         return _topic(state, info) if info else _missing(None, topic_id, ErrorCode.unknown_topic_id)
     if topic_name_error(name):
         return _missing(name, None, ErrorCode.invalid_topic_exception)
+    if not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, name):
+        return _missing(name, None, ErrorCode.topic_authorization_failed)
     info = state.topic(name)
     if info is None and allow_create and name not in INTERNAL_TOPICS:
+        if not (ctx.authorized_cluster(Operation.CREATE)
+                or ctx.authorized(Operation.CREATE, ResourceType.TOPIC, name)):
+            return _missing(name, None, ErrorCode.topic_authorization_failed)
         create_topic(state, name, -1, -1, {}, ctx.now_ms())
         info = state.topic(name)
     if info is None:
@@ -77,13 +86,14 @@ async def metadata(ctx: RequestContext, body) -> dict:
     state = ctx.broker
     requested = body.topics
     if requested is None or (ctx.api_version == 0 and not requested):
-        topics = [_topic(state, info) for info in state.topics().values()]
+        topics = [_topic(state, info) for info in state.topics().values()
+                  if ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, info.name)]
     else:
         allow = state.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
         topics = [_lookup(ctx, t, allow) for t in requested]
     return {
         "throttle_time": 0,
-        "brokers": brokers(state),
+        "brokers": brokers(state, ctx.listener),
         "cluster_id": state.config.cluster_id,
         "controller_id": state.cluster.controller_id,
         "topics": topics,
@@ -101,7 +111,7 @@ async def describe_cluster(ctx: RequestContext, body) -> dict:
         "controller_id": state.cluster.controller_id,
         "brokers": [
             {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None}
-            for b in brokers(state)
+            for b in brokers(state, ctx.listener)
         ],
         "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers import ApiKey, RequestContext, handles, route_group
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.groups import (
     FetchedPartition,
     FetchedTopic,
@@ -90,6 +91,16 @@ def _unknown_error(ctx: RequestContext) -> ErrorCode:
             else ErrorCode.unknown_topic_or_partition)
 
 
+# Group-level refusals that every requested partition carries, known topic or not.
+_GROUP_LEVEL_AUTH_ERRORS = (ErrorCode.group_authorization_failed,
+                            ErrorCode.transactional_id_authorization_failed)
+
+
+def _topic_readable(ctx: RequestContext, name: str | None) -> bool:
+    """Offsets of a topic are committed with Read on it (Kafka); unknown ids pass here."""
+    return name is None or ctx.authorized(Operation.READ, ResourceType.TOPIC, name)
+
+
 def _commit_request(ctx: RequestContext, topics: Sequence) -> list[TopicCommit]:
     """The partitions that exist, as the coordinator's TopicCommit values."""
     wanted = []
@@ -98,7 +109,8 @@ def _commit_request(ctx: RequestContext, topics: Sequence) -> list[TopicCommit]:
         partitions = tuple(
             PartitionCommit(p.partition_index, p.committed_offset,
                             getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
-            for p in topic.partitions if _partition_exists(ctx, resolved.name, p.partition_index))
+            for p in topic.partitions if _partition_exists(ctx, resolved.name, p.partition_index)
+            and _topic_readable(ctx, resolved.name))
         if partitions:
             wanted.append(TopicCommit(resolved.name, partitions))
     return wanted
@@ -115,6 +127,10 @@ def _commit_response(ctx: RequestContext, topics: Sequence, result: OffsetCommit
         partitions = []
         for p in topic.partitions:
             code = answered.get((resolved.name, p.partition_index))
+            if code is None and error is None and not _topic_readable(ctx, resolved.name):
+                code = ErrorCode.topic_authorization_failed
+            if code is None and error in _GROUP_LEVEL_AUTH_ERRORS:
+                code = error
             if code is None:
                 code = (error if error is not None and
                         _partition_exists(ctx, resolved.name, p.partition_index)
@@ -127,7 +143,7 @@ def _commit_response(ctx: RequestContext, topics: Sequence, result: OffsetCommit
 @handles(ApiKey.OFFSET_COMMIT)
 async def offset_commit(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
     if error is not None:
         return _commit_response(ctx, body.topics, OffsetCommitResult(()), error)
     wanted = _commit_request(ctx, body.topics)
@@ -170,7 +186,9 @@ async def _verify_txn_offsets(ctx: RequestContext, body) -> ErrorCode | None:
 @handles(ApiKey.TXN_OFFSET_COMMIT)
 async def txn_offset_commit(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.READ)
+    if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id):
+        error = ErrorCode.transactional_id_authorization_failed  # Kafka checks it first
     if error is None:
         error = await _verify_txn_offsets(ctx, body)
     if error is not None:
@@ -195,6 +213,8 @@ def _fetched_topics(ctx: RequestContext, result: OffsetFetchResult,
                     per_partition_error: ErrorCode | None = None) -> list[dict]:
     topics = []
     for topic in result.topics:
+        if not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+            continue  # as Kafka: offsets of topics the principal may not see are left out
         info = ctx.broker.topic(topic.name)
         if ctx.api_version >= TOPIC_IDS_MIN_VERSION:
             if info is None:
@@ -226,7 +246,7 @@ def _fetch_one(ctx: RequestContext, group_id: str, topics: Sequence | None,
                      "error_code": ErrorCode.unknown_topic_id} for i in topic.partition_indexes]})
             else:
                 wanted.append(TopicPartitions(resolved.name, tuple(topic.partition_indexes)))
-    error = runtime.route(group_id, ctx.node_id)
+    error = route_group(ctx, group_id, Operation.DESCRIBE)
     if error is not None:
         return OffsetFetchResult(group_id, error, _unanswered(wanted)), unknown
     return runtime.coordinator.offset_fetch(group_id=group_id, topics=wanted,
@@ -268,7 +288,7 @@ async def offset_fetch(ctx: RequestContext, body) -> dict:
 @handles(ApiKey.OFFSET_DELETE)
 async def offset_delete(ctx: RequestContext, body) -> dict:
     runtime = ctx.groups
-    error = runtime.route(body.group_id, ctx.node_id)
+    error = route_group(ctx, body.group_id, Operation.DELETE)
     if error is None:
         result = await runtime.persist(runtime.coordinator.offset_delete(
             group_id=body.group_id, topics=body.topics, now_ms=ctx.now_ms()))

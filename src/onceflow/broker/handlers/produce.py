@@ -42,6 +42,10 @@ with producer id -1) are appended without any sequence check. Answers:
 - acks=-1: answered once the group committer has fsync'd them (with fsync on). A
   duplicate waits too, until the offsets it names are on disk: its original append
   may still be in the page cache.
+
+Authorization (issue 13), as Kafka's KafkaApis: a transactional id without Write on it
+fails every partition with TRANSACTIONAL_ID_AUTHORIZATION_FAILED; a topic without Write
+fails its partitions with TOPIC_AUTHORIZATION_FAILED, the others are appended.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.errors import RecordError
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.protocol.records import (
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_AT,
@@ -208,6 +213,13 @@ def _request_error(body) -> ErrorCode | None:
     return None
 
 
+def _authorization_error(ctx: RequestContext, body) -> ErrorCode | None:
+    if body.transactional_id is not None and not ctx.authorized(
+            Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id):
+        return ErrorCode.transactional_id_authorization_failed
+    return None
+
+
 def _to_add(ctx: RequestContext, body) -> tuple[list[TopicPartition], int, int]:
     """Transactions V2: the partitions of transactional batches that the producer's
     transaction does not hold yet (the broker adds them), and the producer id and epoch."""
@@ -257,7 +269,7 @@ async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
     results = []
     all_outcomes: list[_Outcome] = []
-    whole_request_error = _request_error(body)
+    whole_request_error = _request_error(body) or _authorization_error(ctx, body)
     refused: dict[TopicPartition, ErrorCode] = {}
     gate = None
     if (whole_request_error is None and body.transactional_id is not None
@@ -269,6 +281,9 @@ async def produce(ctx: RequestContext, body) -> dict | None:
                 outcomes = [_Outcome(p.index, whole_request_error) for p in topic.partition_data]
             elif acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
                 outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks)
+                            for p in topic.partition_data]
+            elif not ctx.authorized(Operation.WRITE, ResourceType.TOPIC, topic.name):
+                outcomes = [_Outcome(p.index, ErrorCode.topic_authorization_failed)
                             for p in topic.partition_data]
             else:
                 outcomes = [_append(ctx, topic.name, p, body.transactional_id, refused)

@@ -28,6 +28,10 @@ PID with epoch + 1, which fences older instances; an open transaction is aborted
 (CONCURRENT_TRANSACTIONS: the client retries). PIDs come from the same allocator as
 above. Versions below 4 get INVALID_PRODUCER_EPOCH instead of PRODUCER_FENCED, which
 they do not know. An empty transactional id is INVALID_REQUEST, as in Kafka.
+
+Authorization (issue 13), as Kafka: a transactional id needs Write on it (else
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED); an idempotent producer needs IdempotentWrite on
+the cluster or Write on some topic (else CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.handlers.transactions import old_fenced_error
 from onceflow.broker.state import BrokerState
 from onceflow.protocol.codec import to_ms
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.producer_ids import ProducerIdsExhausted
 
 # Epochs are int16; after the last one a producer needs a new PID.
@@ -84,10 +89,16 @@ def init_idempotent(state: BrokerState, producer_id: int, producer_epoch: int) -
 async def init_producer_id(ctx: RequestContext, body) -> dict:
     transactional_id = body.transactional_id
     if transactional_id is None:
+        if not (ctx.authorized_cluster(Operation.IDEMPOTENT_WRITE) or (
+                ctx.access is not None and ctx.access.authorized_any(
+                    ctx.session, Operation.WRITE, ResourceType.TOPIC))):
+            return _answer(ErrorCode.cluster_authorization_failed)
         return init_idempotent(ctx.broker, getattr(body, "producer_id", NO_PRODUCER_ID),
                                getattr(body, "producer_epoch", NO_PRODUCER_EPOCH))
     if transactional_id == "":
         return _answer(ErrorCode.invalid_request)
+    if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+        return _answer(ErrorCode.transactional_id_authorization_failed)
     return await init_transactional(ctx, body, transactional_id)
 
 

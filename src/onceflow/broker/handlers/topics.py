@@ -11,6 +11,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.handlers.configs import describe_topic_configs, topic_config_error
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, topic_name_error
 from onceflow.storage.store import TopicInfo
@@ -69,6 +70,10 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
         partitions, rf = len(topic.assignments), len(topic.assignments[0].broker_ids)
     result = {"name": topic.name, "topic_id": None, "error_code": ErrorCode.none,
               "error_message": None, "configs": []}
+    if not (ctx.authorized_cluster(Operation.CREATE)
+            or ctx.authorized(Operation.CREATE, ResourceType.TOPIC, topic.name)):
+        return {**result, "error_code": ErrorCode.topic_authorization_failed,
+                "error_message": "Authorization failed."}
     try:
         info = create_topic(ctx.broker, topic.name, partitions, rf, configs, ctx.now_ms(), validate_only)
     except TopicError as exc:
@@ -93,6 +98,9 @@ def _delete_one(ctx: RequestContext, name, topic_id) -> dict:
     state = ctx.broker
     info = state.topic(name) if name else state.topic_by_id(topic_id)
     result = {"name": name, "topic_id": topic_id, "error_message": None}
+    if (name or info is not None) and not ctx.authorized(
+            Operation.DELETE, ResourceType.TOPIC, name or info.name):
+        return {**result, "error_code": ErrorCode.topic_authorization_failed}
     if info is None:
         code = ErrorCode.unknown_topic_id if name is None else ErrorCode.unknown_topic_or_partition
         return {**result, "error_code": code}
@@ -117,6 +125,8 @@ def _grow_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
     state = ctx.broker
     info = state.topic(topic.name)
     result = {"name": topic.name, "error_code": ErrorCode.none, "error_message": None}
+    if not ctx.authorized(Operation.ALTER, ResourceType.TOPIC, topic.name):
+        return {**result, "error_code": ErrorCode.topic_authorization_failed}
     if info is None:
         return {**result, "error_code": ErrorCode.unknown_topic_or_partition}
     if not info.num_partitions < topic.count <= PARTITIONS_PER_TOPIC_MAX:

@@ -27,6 +27,13 @@ effects) and back:
   broker's own coordinator never needs it (it writes markers in-process). Each marker is
   appended like the coordinator's (producer state checks its epochs) and answered once
   durable.
+
+Authorization (issue 13), as Kafka's KafkaApis: the producer APIs need Write on the
+transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), AddPartitionsToTxn Write on each
+topic (TOPIC_AUTHORIZATION_FAILED, the other partitions OPERATION_NOT_ATTEMPTED),
+AddOffsetsToTxn Read on the group (GROUP_AUTHORIZATION_FAILED); Describe/ListTransactions
+need (or filter by) Describe on the id, DescribeProducers Read on the topic,
+WriteTxnMarkers ClusterAction.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.txn import DescribedTransaction, MarkerWrite, TopicPartition
 
 E = ErrorCode
@@ -61,12 +69,16 @@ def old_fenced_error(error: ErrorCode, api_version: int, fenced_min_version: int
 # ---------------------------------------------------------------- AddPartitionsToTxn
 
 
-def _precheck(ctx: RequestContext,
+def _precheck(ctx: RequestContext, transactional_id: str,
               partitions: list[TopicPartition]) -> dict[TopicPartition, ErrorCode] | None:
     """Kafka's checks before the coordinator: any failure fails every partition."""
+    if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+        return {tp: E.transactional_id_authorization_failed for tp in partitions}
     failed = {}
     for tp in partitions:
-        if ctx.api_version < BATCHED_MIN_VERSION and tp.topic in INTERNAL_TOPICS:
+        if not ctx.authorized(Operation.WRITE, ResourceType.TOPIC, tp.topic):
+            failed[tp] = E.topic_authorization_failed
+        elif ctx.api_version < BATCHED_MIN_VERSION and tp.topic in INTERNAL_TOPICS:
             failed[tp] = E.topic_authorization_failed
         elif ctx.broker.partition(tp.topic, tp.partition) is None:
             failed[tp] = E.unknown_topic_or_partition
@@ -80,7 +92,7 @@ async def _add_transaction(ctx: RequestContext, transactional_id: str, producer_
                            ) -> dict[TopicPartition, ErrorCode]:
     partitions = list(dict.fromkeys(TopicPartition(t.name, p) for t in topics
                                     for p in t.partitions))
-    failed = _precheck(ctx, partitions)
+    failed = _precheck(ctx, transactional_id, partitions)
     if failed is not None:
         return failed
     runtime = ctx.txns
@@ -132,6 +144,10 @@ async def add_partitions_to_txn(ctx: RequestContext, body) -> dict:
 @handles(ApiKey.ADD_OFFSETS_TO_TXN)
 async def add_offsets_to_txn(ctx: RequestContext, body) -> dict:
     runtime = ctx.txns
+    if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id):
+        return {"throttle_time": 0, "error_code": E.transactional_id_authorization_failed}
+    if not ctx.authorized(Operation.READ, ResourceType.GROUP, body.group_id):
+        return {"throttle_time": 0, "error_code": E.group_authorization_failed}
     error = runtime.route(body.transactional_id, ctx.node_id)
     if error is None:
         await ctx.groups.ensure_topic()  # the partition the markers will go to
@@ -147,6 +163,8 @@ async def end_txn(ctx: RequestContext, body) -> dict:
     """EndTxn; v5 is transactions V2: every end bumps the epoch, answered with it."""
     runtime = ctx.txns
     error = runtime.route(body.transactional_id, ctx.node_id)
+    if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id):
+        error = E.transactional_id_authorization_failed
     producer_id = producer_epoch = -1
     if error is None:
         result = await runtime.persist(runtime.coordinator.end_txn(
@@ -186,6 +204,9 @@ async def describe_transactions(ctx: RequestContext, body) -> dict:
     states = []
     for transactional_id in body.transactional_ids:
         error = runtime.route(transactional_id, ctx.node_id) if transactional_id else None
+        if not ctx.authorized(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                              transactional_id):
+            error = E.transactional_id_authorization_failed
         if error is not None:
             described = DescribedTransaction(transactional_id, error)
         else:
@@ -207,7 +228,9 @@ async def list_transactions(ctx: RequestContext, body) -> dict:
         transactional_id_pattern=getattr(body, "transactional_id_pattern", None),
         now_ms=ctx.now_ms())
     ours = [t for t in result.transactions  # each node lists the ids it coordinates
-            if runtime.coordinator_node(t.transactional_id) == ctx.node_id]
+            if runtime.coordinator_node(t.transactional_id) == ctx.node_id
+            and ctx.authorized(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                               t.transactional_id)]
     return {**answer, "error_code": result.error,
             "unknown_state_filters": list(result.unknown_state_filters),
             "transaction_states": [{"transactional_id": t.transactional_id,
@@ -219,6 +242,8 @@ def _producers_of(ctx: RequestContext, topic: str, index: int) -> dict:
     answer = {"partition_index": index, "error_code": E.none, "error_message": None,
               "active_producers": []}
     state = ctx.broker
+    if not ctx.authorized(Operation.READ, ResourceType.TOPIC, topic):
+        return {**answer, "error_code": E.topic_authorization_failed}
     info = state.topic(topic)
     partition = state.partition(topic, index) if info else None
     if partition is None:
@@ -243,6 +268,9 @@ async def describe_producers(ctx: RequestContext, body) -> dict:
 async def _write_marker(ctx: RequestContext, marker) -> dict[TopicPartition, ErrorCode]:
     errors: dict[TopicPartition, ErrorCode] = {}
     writable = []
+    if not ctx.authorized_cluster(Operation.CLUSTER_ACTION):
+        return {TopicPartition(t.name, i): E.cluster_authorization_failed
+                for t in marker.topics for i in t.partition_indexes}
     for topic in marker.topics:
         info = ctx.broker.topic(topic.name)
         for index in topic.partition_indexes:
