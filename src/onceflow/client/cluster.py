@@ -31,7 +31,6 @@ from onceflow.client.admin import (
     new_client_errors,
     require_topic,
 )
-from onceflow.client.config import security_protocol
 from onceflow.client.wire import Connection, WireError
 from onceflow.protocol.apis import ApiKey
 
@@ -117,14 +116,8 @@ class Cluster:
         broker = self.metadata.brokers.get(node_id)
         if broker is None:
             raise ClientError(f"broker {node_id} is not in the cluster metadata")
-        protocol = security_protocol(self.properties)
-        if protocol != "PLAINTEXT":
-            # The raw client has no TLS or SASL yet (the security issue adds them to the
-            # brokers); the AdminClient-based views still work.
-            raise ClientError(f"this view needs a raw connection, which speaks PLAINTEXT "
-                              f"only, not {protocol}")
         try:
-            connection = Connection(broker.host, broker.port)
+            connection = Connection(broker.host, broker.port, properties=self.properties)
         except WireError as exc:
             raise ClientError(str(exc)) from None
         with self._pool_lock:
@@ -151,7 +144,7 @@ class Cluster:
                        isolation: IsolationLevel) -> dict[Partition, int]:
         """`offsets()` for many partitions at once: one raw ListOffsets per leader, about
         ten times cheaper than the AdminClient's future per partition at 10,000
-        partitions; through the AdminClient when raw connections are not possible."""
+        partitions."""
         by_leader: dict[int, dict[str, list[int]]] = {}
         for topic, index in partitions:
             found = self.metadata.topics.get(topic)
@@ -160,15 +153,9 @@ class Cluster:
             by_leader.setdefault(leader, {}).setdefault(topic, []).append(index)
         level = 1 if isolation == IsolationLevel.READ_COMMITTED else 0
         result: dict[Partition, int] = {}
-        try:
-            for leader, topics in by_leader.items():
-                if leader >= 0:
-                    result.update(self._latest_on(leader, topics, level))
-        except ClientError:
-            if security_protocol(self.properties) == "PLAINTEXT":
-                raise
-            return self.offsets([(t, p) for topics in by_leader.values()
-                                 for t, ps in topics.items() for p in ps], isolation)
+        for leader, topics in by_leader.items():
+            if leader >= 0:
+                result.update(self._latest_on(leader, topics, level))
         return result
 
     def _latest_on(self, leader: int, topics: dict[str, list[int]],

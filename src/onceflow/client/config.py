@@ -74,6 +74,3 @@ def redacted(properties: Mapping[str, str]) -> dict[str, str]:
     """The properties with every secret value replaced: safe to show or log."""
     return {k: REDACTED if is_secret(k) else v for k, v in properties.items()}
 
-
-def security_protocol(properties: Mapping[str, str]) -> str:
-    return properties.get("security.protocol", "PLAINTEXT").upper()

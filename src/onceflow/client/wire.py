@@ -21,10 +21,12 @@ import functools
 import socket
 import struct
 import typing
+from collections.abc import Mapping
 from typing import Any, Self
 
 from kio.serial import entity_reader
 
+from onceflow.client.security import SecurityError, authenticate, tls_context
 from onceflow.protocol.apis import ApiKey
 from onceflow.protocol.codec import (
     RequestHeader,
@@ -50,14 +52,29 @@ class WireError(Exception):
 class Connection:
     """One socket to one broker (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float = SOCKET_TIMEOUT_S) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float = SOCKET_TIMEOUT_S,
+                 properties: Mapping[str, str] | None = None) -> None:
+        """`properties`: librdkafka's security settings (client.security), if any."""
         self.address = f"{host}:{port}"
+        properties = properties or {}
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout_s)
+            context = tls_context(properties)
+        except SecurityError as exc:
+            raise WireError(str(exc)) from None
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as exc:
             raise WireError(f"cannot connect to {self.address}: {exc.strerror or exc}") from None
+        self._sock = sock
         self._correlation_id = 0
         self._versions: dict[int, tuple[int, int]] | None = None
+        try:
+            if context is not None:
+                self._sock = context.wrap_socket(sock, server_hostname=host)
+            authenticate(properties, self.call)
+        except (OSError, SecurityError) as exc:  # ssl.SSLError is an OSError
+            self._sock.close()
+            raise WireError(f"cannot connect to {self.address}: {exc}") from None
 
     def __enter__(self) -> Self:
         return self
