@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import NOW_MS
 from storage_batches import crc_ok, make_batch, split_batches, with_base_offset
@@ -275,3 +277,32 @@ def test_read_budget_is_capped(open_log, monkeypatch):
     assert len(stored[0]) > 200
     data = log.read(0, 1 << 30, 1 << 62)
     assert split_batches(data) == stored[: 1000 // len(stored[0])]
+
+
+def _open_fds() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_segment_holds_one_descriptor_and_its_indexes_survive(open_log, tmp_path, clean):
+    """Indexes are written when flushed or closed, never kept open: one descriptor per
+    segment (its .log); rolled segments' indexes are on disk after a flush, and
+    a reopened log - after close() or after an unclean stop - finds every batch."""
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=128)
+    log = open_log(config, name="fds-0")
+    stored = append_n(log, [3] * 60)
+    log.flush()
+    held = {path for path in _open_fds() if "fds-0" in path}
+    assert len(log.segment_base_offsets) > 2
+    assert held == {str(log.directory / f"{base:020d}.log")
+                    for base in log.segment_base_offsets}, held
+    rolled = log.segment_base_offsets[0]
+    assert (log.directory / f"{rolled:020d}.index").stat().st_size > 0   # flushed at roll
+    if clean:
+        log.close()
+    else:
+        log.discard()   # like a kill: nothing written at close, no clean-shutdown flag
+    reopened = open_log(config, name="fds-0")
+    for i, batch in enumerate(stored):
+        assert reopened.read(3 * i, len(batch), 1 << 62) == batch, i

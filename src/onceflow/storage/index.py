@@ -20,10 +20,17 @@ the valid size, and rebuilds an index that fails its checks (size not a multiple
 size, entries not strictly increasing) from the log, so a lookup never returns a position
 beyond the valid log. Index files are fsync'd when their segment stops being active; the active
 segment's indexes are rebuilt by recovery after an unclean stop.
+
+No file descriptor is held: the entries live in memory, and the ones not yet on disk are
+written when the segment's indexes are flushed (`sync_fd`, at a roll, a rewrite or a close).
+A segment thus keeps one descriptor open (its `.log`), not three, which is what lets
+10,000 single-segment partitions fit under a 20,000-descriptor limit. Entries lost by a crash belong
+to the active segment, whose indexes recovery rebuilds anyway.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import sys
@@ -38,6 +45,7 @@ TIME_ENTRY = struct.Struct(">qI")  # largest timestamp so far (ms), relative off
 OFFSET_ENTRY_BYTES = OFFSET_ENTRY.size  # 8
 TIME_ENTRY_BYTES = TIME_ENTRY.size  # 12
 _SWAP = sys.byteorder == "little"  # entries are big-endian on disk, like Kafka's
+logger = logging.getLogger(__name__)
 
 
 class IndexCorrupt(Exception):
@@ -52,27 +60,102 @@ def _open_rw(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
-def _read_all(fd: int) -> bytes:
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size, 0)
+def _read_all(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise IndexCorrupt(f"{path.name} is missing") from None
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
     if len(data) != size:
         raise IndexCorrupt(f"short read: {len(data)} of {size} bytes")
     return data
 
 
-class OffsetIndex:
-    """`.index`: relative base offset (u32) -> file position (u32), both strictly increasing."""
+class _IndexFile:
+    """The on-disk side of an index: entries written lazily, no descriptor kept."""
+
+    entry_bytes: int
 
     def __init__(self, path: Path, max_entries: int) -> None:
         self.path = path
         self.max_entries = max_entries
-        self.fd = _open_rw(path)
+        self.persisted = 0  # entries already in the file
+        os.close(_open_rw(path))  # the file exists from the start, as the segment's other files
+
+    def _entries_bytes(self, start: int) -> bytes:
+        raise NotImplementedError
+
+    def _count(self) -> int:
+        raise NotImplementedError
+
+    def persist(self) -> None:
+        """Writes the entries not yet in the file."""
+        if self.persisted < self._count():
+            data = self._entries_bytes(self.persisted)
+            fd = _open_rw(self.path)
+            try:
+                write_fully(fd, data, self.persisted * self.entry_bytes)
+            finally:
+                os.close(fd)
+            self.persisted = self._count()
+
+    def sync_fd(self) -> int:
+        """Writes what is pending and returns a new descriptor of the file for an fsync
+        (the caller closes it)."""
+        self.persist()
+        return _open_rw(self.path)
+
+    def _truncate_file(self, keep: int) -> None:
+        if keep < self.persisted:
+            fd = _open_rw(self.path)
+            try:
+                os.ftruncate(fd, keep * self.entry_bytes)
+            finally:
+                os.close(fd)
+            self.persisted = keep
+
+    def _rewrite_file(self, data: bytes | bytearray) -> None:
+        fd = _open_rw(self.path)
+        try:
+            os.ftruncate(fd, 0)
+            write_fully(fd, data, 0)
+        finally:
+            os.close(fd)
+        self.persisted = self._count()
+
+    def close(self) -> None:
+        """Writes what is pending. A failure (a full disk) is only logged: an index file
+        missing its tail or holding a torn entry is rebuilt or completed at the next open."""
+        try:
+            self.persist()
+        except OSError as exc:
+            logger.warning("could not write %s at close: %s", self.path, exc)
+
+
+class OffsetIndex(_IndexFile):
+    """`.index`: relative base offset (u32) -> file position (u32), both strictly increasing."""
+
+    entry_bytes = OFFSET_ENTRY_BYTES
+
+    def __init__(self, path: Path, max_entries: int) -> None:
+        super().__init__(path, max_entries)
         self.rel_offsets = array("I")
         self.positions = array("I")
 
+    def _count(self) -> int:
+        return len(self.positions)
+
+    def _entries_bytes(self, start: int) -> bytes:
+        return b"".join(OFFSET_ENTRY.pack(r, p) for r, p in
+                        zip(self.rel_offsets[start:], self.positions[start:], strict=True))
+
     def load(self) -> None:
         """Reads the file into memory; raises IndexCorrupt if it cannot be trusted."""
-        data = _read_all(self.fd)
+        data = _read_all(self.path)
         if len(data) % OFFSET_ENTRY_BYTES:
             raise IndexCorrupt(f"{self.path.name}: {len(data)} bytes is not a whole entry count")
         words = array("I")
@@ -83,6 +166,7 @@ class OffsetIndex:
         if not (_strictly_increasing(rel_offsets) and _strictly_increasing(positions)):
             raise IndexCorrupt(f"{self.path.name}: entries are not strictly increasing")
         self.rel_offsets, self.positions = rel_offsets, positions
+        self.persisted = len(positions)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -112,8 +196,6 @@ class OffsetIndex:
             if last is not None and (rel_offset <= last[0] or position <= last[1]):
                 raise AssertionError(f"{self.path.name}: entry {rel_offset, position} after {last}")
             last = (rel_offset, position)
-        data = b"".join(OFFSET_ENTRY.pack(r, p) for r, p in entries)
-        write_fully(self.fd, data, len(self.positions) * OFFSET_ENTRY_BYTES)
         for rel_offset, position in entries:
             self.rel_offsets.append(rel_offset)
             self.positions.append(position)
@@ -124,7 +206,7 @@ class OffsetIndex:
         if keep < len(self.positions):
             del self.rel_offsets[keep:]
             del self.positions[keep:]
-            os.ftruncate(self.fd, keep * OFFSET_ENTRY_BYTES)
+            self._truncate_file(keep)
 
     def replace(self, rel_offsets: array, positions: array) -> None:
         """Rewrites the whole file (recovery rebuild)."""
@@ -132,26 +214,29 @@ class OffsetIndex:
         words[0::2], words[1::2] = rel_offsets, positions
         if _SWAP:
             words.byteswap()
-        os.ftruncate(self.fd, 0)
-        write_fully(self.fd, words.tobytes(), 0)
         self.rel_offsets, self.positions = array("I", rel_offsets), array("I", positions)
-
-    def close(self) -> None:
-        os.close(self.fd)
+        self._rewrite_file(words.tobytes())
 
 
-class TimeIndex:
+class TimeIndex(_IndexFile):
     """`.timeindex`: max timestamp so far (i64) -> relative offset (u32), both increasing."""
 
+    entry_bytes = TIME_ENTRY_BYTES
+
     def __init__(self, path: Path, max_entries: int) -> None:
-        self.path = path
-        self.max_entries = max_entries
-        self.fd = _open_rw(path)
+        super().__init__(path, max_entries)
         self.timestamps = array("q")
         self.rel_offsets = array("I")
 
+    def _count(self) -> int:
+        return len(self.timestamps)
+
+    def _entries_bytes(self, start: int) -> bytes:
+        return b"".join(TIME_ENTRY.pack(t, r) for t, r in
+                        zip(self.timestamps[start:], self.rel_offsets[start:], strict=True))
+
     def load(self) -> None:
-        data = _read_all(self.fd)
+        data = _read_all(self.path)
         if len(data) % TIME_ENTRY_BYTES:
             raise IndexCorrupt(f"{self.path.name}: {len(data)} bytes is not a whole entry count")
         count = len(data) // TIME_ENTRY_BYTES
@@ -169,6 +254,7 @@ class TimeIndex:
         if not (_strictly_increasing(timestamps) and _strictly_increasing(rel_offsets)):
             raise IndexCorrupt(f"{self.path.name}: entries are not strictly increasing")
         self.timestamps, self.rel_offsets = timestamps, rel_offsets
+        self.persisted = count
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -197,8 +283,6 @@ class TimeIndex:
                     f"{self.path.name}: entry {timestamp_ms, rel_offset} after {last}"
                 )
             last = (timestamp_ms, rel_offset)
-        data = b"".join(TIME_ENTRY.pack(t, r) for t, r in entries)
-        write_fully(self.fd, data, len(self.timestamps) * TIME_ENTRY_BYTES)
         for timestamp_ms, rel_offset in entries:
             self.timestamps.append(timestamp_ms)
             self.rel_offsets.append(rel_offset)
@@ -209,7 +293,7 @@ class TimeIndex:
         if keep < len(self.rel_offsets):
             del self.timestamps[keep:]
             del self.rel_offsets[keep:]
-            os.ftruncate(self.fd, keep * TIME_ENTRY_BYTES)
+            self._truncate_file(keep)
 
     def replace(self, timestamps: array, rel_offsets: array) -> None:
         count = len(timestamps)
@@ -223,12 +307,8 @@ class TimeIndex:
             data[k::TIME_ENTRY_BYTES] = ts_bytes[k::8]
         for k in range(4):
             data[8 + k :: TIME_ENTRY_BYTES] = rel_bytes[k::4]
-        os.ftruncate(self.fd, 0)
-        write_fully(self.fd, data, 0)
         self.timestamps, self.rel_offsets = array("q", timestamps), array("I", rel_offsets)
-
-    def close(self) -> None:
-        os.close(self.fd)
+        self._rewrite_file(data)
 
 
 class IndexBuilder:

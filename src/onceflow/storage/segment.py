@@ -557,7 +557,7 @@ class Segment:
             fds.append(os.dup(self.fd))
             self.data_dirty = False
         if self.index_dirty:
-            fds.extend((os.dup(self.offset_index.fd), os.dup(self.time_index.fd)))
+            fds.extend((self.offset_index.sync_fd(), self.time_index.sync_fd()))
             self.index_dirty = False
         txn_fd = self.txn_index.take_dirty_fd()
         if txn_fd is not None:
