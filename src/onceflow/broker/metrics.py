@@ -88,6 +88,12 @@ class BrokerMetrics:
             registry=self.registry)
         self._faults = Counter("onceflow_faults_injected", "Faults injected, by kind and request.",
                                ["kind", "request"], registry=self.registry)
+        self._retention_segments = Counter(
+            "onceflow_log_retention_segments_deleted", "Segments deleted by retention or "
+            "DeleteRecords, by topic.", ["topic"], registry=self.registry)
+        self._retention_bytes = Counter(
+            "onceflow_log_retention_bytes_deleted", "Bytes of segments deleted by retention "
+            "or DeleteRecords, by topic.", ["topic"], registry=self.registry)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
@@ -111,6 +117,10 @@ class BrokerMetrics:
 
     def fault_injected(self, kind: str, api_key: int | None) -> None:
         self._child(self._faults, kind, "*" if api_key is None else request_name(api_key)).inc()
+
+    def segments_deleted(self, topic: str, segments: int, size_bytes: int) -> None:
+        self._child(self._retention_segments, topic).inc(segments)
+        self._child(self._retention_bytes, topic).inc(size_bytes)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

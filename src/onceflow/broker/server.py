@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 
 from onceflow.broker.admin import (
@@ -51,10 +52,13 @@ ADMIN_CALL_TIMEOUT_S = 10.0
 
 
 async def _every(interval_ms: int, job) -> None:
-    """Run `job()` every `interval_ms`, for ever (cancelled at stop)."""
+    """Run `job()` (a function or a coroutine function) every `interval_ms`, for ever
+    (cancelled at stop)."""
     while True:
         await asyncio.sleep(interval_ms / 1000)
-        job()
+        result = job()
+        if inspect.isawaitable(result):
+            await result
 
 
 class BrokerServer:

@@ -205,6 +205,11 @@ class LogConfig:
     message_timestamp_after_max_ms: int = 3600000  # message.timestamp.after.max.ms
     min_insync_replicas: int = 1  # min.insync.replicas
     compression_type: str = "producer"  # compression.type
+    segment_jitter_ms: int = 0  # segment.jitter.ms
+    delete_retention_ms: int = 86400000  # delete.retention.ms (tombstones, markers)
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = LONG_MAX  # max.compaction.lag.ms
 
     @property
     def deletes(self) -> bool:
@@ -246,4 +251,9 @@ _KAFKA_NAME = {
     "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
     "min_insync_replicas": "min.insync.replicas",
     "compression_type": "compression.type",
+    "segment_jitter_ms": "segment.jitter.ms",
+    "delete_retention_ms": "delete.retention.ms",
+    "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
+    "min_compaction_lag_ms": "min.compaction.lag.ms",
+    "max_compaction_lag_ms": "max.compaction.lag.ms",
 }
