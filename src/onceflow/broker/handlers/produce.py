@@ -1,9 +1,11 @@
 """Produce: validate each partition's record batch, check producer state, append, answer.
 
 Per partition (Kafka's rules for Produce v3+): exactly one magic-2 batch, CRC-32C
-valid, no control batch from a client, at most the topic's max.message.bytes. A
-failing partition gets its error code; the other partitions of the request are
-still appended.
+valid, no control batch from a client, at most the topic's max.message.bytes, and on a
+compacted topic (cleanup.policy contains compact) a key on every record - else
+INVALID_RECORD with each keyless record's index in `record_errors` (the records are
+decompressed for this check only). A failing partition gets its error code; the other
+partitions of the request are still appended.
 
 Then the partition's producer state judges batches that carry a producer id
 (`PartitionState.append`: prepare, append, commit in one synchronous step, in
@@ -53,6 +55,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
+from onceflow.protocol.compression import batch_records
 from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import (
     ATTR_TRANSACTIONAL,
@@ -75,10 +78,12 @@ NOT_ADDED_MESSAGE = "Partition was not added to the transaction"
 
 
 class ProduceError(Exception):
-    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str | None = None,
+                 record_errors: list[dict] | None = None) -> None:
         super().__init__(message or code.name)
         self.code = code
         self.message = message
+        self.record_errors = record_errors or []
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,6 +94,7 @@ class _Outcome:
     base_offset: int = -1
     log_append_time_ms: int = -1
     log_start_offset: int = -1
+    record_errors: list[dict] = dataclasses.field(default_factory=list)  # Produce v8+
     partition: PartitionState | None = None  # set when offsets were named: flush for acks=all
     durable_end: int = 0  # offsets below this (exclusive) must be on disk before answering
 
@@ -96,7 +102,7 @@ class _Outcome:
         return {
             "index": self.index, "error_code": self.error_code, "base_offset": self.base_offset,
             "log_append_time": self.log_append_time_ms, "log_start_offset": self.log_start_offset,
-            "record_errors": [], "error_message": self.error_message,
+            "record_errors": self.record_errors, "error_message": self.error_message,
         }
 
 
@@ -110,6 +116,26 @@ def single_batch(records, api_version: int, max_message_bytes: int) -> tuple[Bat
         raise ProduceError(ErrorCode.message_too_large,
                            f"batch of {len(batch)} bytes exceeds max.message.bytes {max_message_bytes}")
     return header, batch
+
+
+def check_keys(topic: str, index: int, batch: memoryview) -> None:
+    """A compacted topic's records must all have a key (Kafka's LogValidator): else the
+    batch fails INVALID_RECORD, every keyless record named in `record_errors`."""
+    try:
+        records = batch_records(batch)
+    except RecordError as exc:
+        raise ProduceError(ErrorCode(exc.error_code), str(exc)) from None
+    message = ("Compacted topic cannot accept message without key in topic partition "
+               f"{topic}-{index}")
+    keyless = [i for i, record in enumerate(records) if record.key is None]
+    if not keyless:
+        return
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{message}')" for i in keyless[:3])
+    raise ProduceError(
+        ErrorCode.invalid_record,
+        f"One or more records have been rejected due to {len(keyless)} record errors in "
+        f"total, and only showing the first three errors at most: [{shown}]",
+        [{"batch_index": i, "batch_index_error_message": message} for i in keyless])
 
 
 def _verify_transaction(ctx: RequestContext, partition: PartitionState,
@@ -147,6 +173,8 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
     log = partition.log
     try:
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
+        if log.config.compacts:
+            check_keys(topic, data.index, batch)
         error = refused.get(TopicPartition(topic, data.index))
         if error is None:
             error = _verify_transaction(ctx, partition, transactional_id, header)
@@ -156,6 +184,7 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
         result = partition.append([header], [batch], ctx.now_ms())
     except ProduceError as exc:
         outcome.error_code, outcome.error_message = exc.code, exc.message
+        outcome.record_errors = exc.record_errors
         return outcome
     except LogFailedError as exc:
         outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(exc)
