@@ -94,6 +94,15 @@ class BrokerMetrics:
         self._retention_bytes = Counter(
             "onceflow_log_retention_bytes_deleted", "Bytes of segments deleted by retention "
             "or DeleteRecords, by topic.", ["topic"], registry=self.registry)
+        self._cleaner_runs = Counter(
+            "onceflow_log_cleaner_runs", "Cleanings of a compacted topic's partition, by topic.",
+            ["topic"], registry=self.registry)
+        self._cleaner_bytes = Counter(
+            "onceflow_log_cleaner_bytes_read", "Bytes the log cleaner read (the cleaned range), "
+            "by topic.", ["topic"], registry=self.registry)
+        self._cleaner_segments = Counter(
+            "onceflow_log_cleaner_segments_rewritten", "Segments the log cleaner rewrote, "
+            "by topic.", ["topic"], registry=self.registry)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
@@ -121,6 +130,11 @@ class BrokerMetrics:
     def segments_deleted(self, topic: str, segments: int, size_bytes: int) -> None:
         self._child(self._retention_segments, topic).inc(segments)
         self._child(self._retention_bytes, topic).inc(size_bytes)
+
+    def log_cleaned(self, topic: str, bytes_read: int, segments_rewritten: int) -> None:
+        self._child(self._cleaner_runs, topic).inc()
+        self._child(self._cleaner_bytes, topic).inc(bytes_read)
+        self._child(self._cleaner_segments, topic).inc(segments_rewritten)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -40,6 +40,7 @@ from onceflow.broker.connection import Connections
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import load_all
 from onceflow.broker.pipeline import RequestPipeline
+from onceflow.broker.runtime.compaction import LogCleaner
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState
@@ -74,6 +75,7 @@ class BrokerServer:
         self.state: BrokerState | None = None
         self.groups: GroupRuntime | None = None  # consumer groups (issue 4)
         self.txns: TxnRuntime | None = None  # transactions (issue 5)
+        self.cleaner: LogCleaner | None = None  # compacted user topics (issue 14)
         self.connections: Connections | None = None
         self.admin: AdminFrontend | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -119,6 +121,10 @@ class BrokerServer:
             asyncio.ensure_future(_every(self.config.producer_id_expiration_check_interval_ms,
                                          state.expire_producers)),
         ]
+        if self.config.log_cleaner_enable:
+            self.cleaner = LogCleaner(state, self.config.log_cleaner_backoff_ms,
+                                      self.config.log_cleaner_dedupe_buffer_size)
+            self._housekeeping.append(asyncio.ensure_future(self.cleaner.run()))
         for server in self._servers:
             await server.start_serving()
         if self.config.admin_port is not None:
@@ -157,6 +163,8 @@ class BrokerServer:
         return None if self.admin is None else self.admin.url
 
     async def stop(self) -> None:
+        if self.cleaner is not None:
+            self.cleaner.close()
         for task in self._housekeeping:
             task.cancel()
         if self.admin is not None:

@@ -6,8 +6,9 @@ DescribeConfigs lists it; CreateTopics/AlterConfigs validate against it through
 `validate_topic_configs`, which raises `InvalidConfigError` (the broker answers INVALID_CONFIG)
 for an unknown name or a bad value. `LogConfig.from_topic_configs` layers Kafka's defaults, the
 broker's overrides and the topic's configs, and keeps the fields storage and the produce path
-use. Configs the broker accepts but does not act on (compaction, remote storage, throttling,
-flush intervals) are validated and reported, nothing more.
+use, retention and the log cleaner (storage/cleaner.py) use. Configs the broker accepts but
+does not act on (remote storage, throttling, flush intervals, preallocation) are validated
+and reported, nothing more.
 """
 
 from __future__ import annotations

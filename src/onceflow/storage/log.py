@@ -494,33 +494,40 @@ class PartitionLog:
         """Compaction: the closed segment starting at `base_offset` keeps only `batches` -
         whole v2 batches that keep their offsets (gaps allowed), in the segment's offset
         range, in order. With no batches a segment other than the first is deleted. Writes
-        and fsyncs the new files on the calling thread (the mutating one); crash-safe, see
-        storage/rewrite.py. Returns the segment's new size in bytes."""
-        with self._flush_lock:
-            with self._lock:
+        and fsyncs the new files on the calling thread without holding the log's locks
+        (appends, reads and flushes go on meanwhile), then swaps them in under the locks;
+        crash-safe, see storage/rewrite.py. Returns the segment's new size in bytes.
+        One replacer per log at a time (the staging directory is shared)."""
+        with self._lock:
+            self._check_writable()
+            index = self._closed_segment_index(base_offset)
+            upper = self._segments[index + 1].base_offset
+            delete = not batches and index > 0
+        if delete:
+            with self._flush_lock, self._lock:
                 self._check_writable()
                 index = self._closed_segment_index(base_offset)
-                if not batches and index > 0:
-                    victim = self._segments[index]
-                    self._segments = self._segments[:index] + self._segments[index + 1:]
-                    self._bases = self._bases[:index] + self._bases[index + 1:]
-                    victim.delete()
-                    self._dir_dirty = True
-                    return 0
-                upper = self._segments[index + 1].base_offset
-            config = self.config
-            staging = stage_segment(self.directory, base_offset, upper, batches,
-                                    config.index_interval_bytes, index_entries_max(config), now_ms)
-            with self._lock:
-                old = self._segments[index]
-                install_segment(self.directory, staging, base_offset)
-                new = Segment.open_existing(self.directory, base_offset,
-                                            config.index_interval_bytes, index_entries_max(config))
-                if not new.load_trusted(now_ms):
-                    raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
-                self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
-                old.close()
-                return new.size_bytes
+                victim = self._segments[index]
+                self._segments = self._segments[:index] + self._segments[index + 1:]
+                self._bases = self._bases[:index] + self._bases[index + 1:]
+                victim.delete()
+                self._dir_dirty = True
+                return 0
+        config = self.config
+        staging = stage_segment(self.directory, base_offset, upper, batches,
+                                config.index_interval_bytes, index_entries_max(config), now_ms)
+        with self._flush_lock, self._lock:
+            self._check_writable()
+            index = self._closed_segment_index(base_offset)  # retention may have moved it
+            old = self._segments[index]
+            install_segment(self.directory, staging, base_offset)
+            new = Segment.open_existing(self.directory, base_offset,
+                                        config.index_interval_bytes, index_entries_max(config))
+            if not new.load_trusted(now_ms):
+                raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
+            self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
+            old.close()
+            return new.size_bytes
 
     def _closed_segment_index(self, base_offset: int) -> int:
         index = bisect_right(self._bases, base_offset) - 1

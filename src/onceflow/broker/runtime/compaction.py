@@ -1,5 +1,13 @@
 """`Compactor`: keeps `__consumer_offsets` (and `__transaction_state`) bounded by
-rewriting their closed segments.
+rewriting their closed segments; `LogCleaner`: the same for the compacted user topics.
+
+The two share what touches storage: a plan (segment base -> kept batches, the changed
+segments) applied by `storage.cleaner.apply_plan` - oldest first, each segment swapped
+crash-safely by `PartitionLog.replace_segment`. They differ in what decides the plan:
+the coordinators' topics keep what replays to the same coordinator state
+(`onceflow.groups.compact`); user topics keep what Kafka's LogCleaner keeps
+(storage/cleaner.py: newest value per key, tombstones and markers until
+delete.retention.ms, no aborted records, nothing from the first unstable offset on).
 
 Theory of operation
 -------------------
@@ -43,14 +51,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from onceflow.broker.runtime.log_io import LOAD_READ_BYTES, OffsetsLogCorrupt, batch_entries
-from onceflow.broker.state import now_ms
+from onceflow.broker.state import INTERNAL_TOPICS, now_ms
 from onceflow.groups import LogEntry, LogRecord, compact
 from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import BatchHeader, SimpleRecord, build_batch, iter_batches
+from onceflow.storage.cleaner import (
+    DEDUPE_BUFFER_BYTES_DEFAULT,
+    CleanPlan,
+    apply_plan,
+    cleanable_upper,
+    needs_cleaning,
+    plan_clean,
+)
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import PartitionLog
 
 if TYPE_CHECKING:
+    from onceflow.broker.state import BrokerState, PartitionState
     from onceflow.storage.store import TopicInfo
 
 log = logging.getLogger("onceflow.groups")
@@ -184,8 +201,7 @@ class Compactor:
         retention_ms = self._runtime.tombstone_retention_ms
         plan = await asyncio.to_thread(plan_compaction, offsets_log, bases, now_ms(),
                                        retention_ms)
-        for base in sorted(plan.changed):  # oldest first: see the module docstring
-            offsets_log.replace_segment(base, plan.batches[base], now_ms())
+        apply_plan(offsets_log, plan.batches, plan.changed, now_ms())
         self._compacted_through[partition] = bases[-1]
         self._last_run_ms[partition] = now_ms()
         done = Compacted(partition, len(plan.changed), plan.entries_before, plan.entries_kept,
@@ -196,3 +212,93 @@ class Compactor:
                  done.segments_rewritten, done.entries_kept,
                  done.entries_before, done.bytes_before, done.bytes_after)
         return done
+
+
+@dataclass(frozen=True, slots=True)
+class Cleaned:
+    topic: str
+    partition: int
+    upper_offset: int  # exclusive end of the cleaned range
+    segments_rewritten: int
+    records_before: int
+    records_kept: int
+    bytes_before: int  # of the cleaned range
+    bytes_after: int  # of the whole log afterwards
+
+
+class LogCleaner:
+    """Cleans the partitions of compacted user topics (cleanup.policy contains compact)
+    every log.cleaner.backoff.ms, one partition after the other, reading and rewriting on
+    a worker thread so that produce and fetch never wait for it. What it remembers
+    (where each partition's dirty part starts, when a kept tombstone expires) is a cache:
+    after a restart everything counts as dirty once."""
+
+    def __init__(self, state: BrokerState, backoff_ms: int,
+                 dedupe_buffer_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT) -> None:
+        self._state = state
+        self._backoff_ms = backoff_ms
+        self._dedupe_buffer_bytes = dedupe_buffer_bytes
+        self._first_dirty: dict[tuple[str, int], int] = {}
+        self._expiry_ms: dict[tuple[str, int], int | None] = {}
+        self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
+        self._closed = False
+
+    async def run(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._backoff_ms / 1000)
+            await self.clean_dirty()
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def clean_dirty(self) -> list[Cleaned]:
+        done = []
+        for partition in self._state.partitions():
+            if self._closed:
+                break
+            if partition.topic in INTERNAL_TOPICS or not partition.log.config.compacts:
+                continue
+            try:
+                cleaned = await self.clean_partition(partition)
+            except (RecordError, StorageError, ValueError) as exc:
+                # A failed or closed log, a batch we cannot decode, a segment deleted by
+                # retention meanwhile: the old segments stay; retried next round.
+                log.warning("cleaning %s-%d failed: %s", partition.topic, partition.index, exc)
+                continue
+            if cleaned is not None:
+                done.append(cleaned)
+        return done
+
+    async def clean_partition(self, partition: PartitionState, *,
+                              force: bool = False) -> Cleaned | None:
+        """Cleans one partition if it needs it (or `force`); None when it did not."""
+        key, partition_log = (partition.topic, partition.index), partition.log
+        config, now = partition_log.config, now_ms()
+        upper = cleanable_upper(partition_log, partition.producers.first_unstable_offset(),
+                                now, config)
+        first_dirty = max(self._first_dirty.get(key, 0), partition_log.log_start_offset)
+        if not force and not needs_cleaning(partition_log, config, first_dirty, upper, now,
+                                            self._expiry_ms.get(key)):
+            return None
+        if upper <= partition_log.log_start_offset:
+            return None
+        plan, swapped = await asyncio.to_thread(self._clean, partition_log, first_dirty,
+                                                upper, now)
+        self._first_dirty[key] = plan.upper_offset
+        self._expiry_ms[key] = plan.next_expiry_ms
+        done = Cleaned(partition.topic, partition.index, plan.upper_offset, swapped,
+                       plan.records_before, plan.records_kept, plan.bytes_before,
+                       partition_log.size_bytes)
+        self._state.metrics.log_cleaned(partition.topic, plan.bytes_before, swapped)
+        self.history.append(done)
+        log.info("cleaned %s-%d up to %d: %d segments rewritten, %d of %d records kept",
+                 partition.topic, partition.index, plan.upper_offset, swapped,
+                 plan.records_kept, plan.records_before)
+        return done
+
+    def _clean(self, partition_log: PartitionLog, first_dirty: int, upper: int,
+               now: int) -> tuple[CleanPlan, int]:
+        """(worker thread) Plan, then swap the changed segments in."""
+        plan = plan_clean(partition_log, partition_log.config, now, first_dirty, upper,
+                          self._dedupe_buffer_bytes)
+        return plan, apply_plan(partition_log, plan.batches, plan.changed, now)

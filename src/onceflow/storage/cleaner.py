@@ -1,0 +1,285 @@
+"""The log cleaner of compacted topics: which batches of a partition's closed segments stay.
+
+Theory of operation
+-------------------
+Kafka's LogCleaner, one partition at a time, without ever holding the log's lock for
+more than one read (the log is read through `PartitionLog.read`, a chunk at a time):
+
+1. The *cleanable range* is [log start, upper): `upper` is the base offset of the first
+   segment that must not be touched - the active segment, the one holding the first
+   unstable offset (an open transaction's records are never removed, and the cleaner
+   stops before it), the first one with a record newer than min.compaction.lag.ms - so
+   only whole closed segments are cleaned. `first_dirty` is where the previous clean
+   stopped; the dirty ratio is dirty bytes / (clean + dirty bytes), and a partition is
+   cleaned when it reaches min.cleanable.dirty.ratio, when its dirty part holds a record
+   older than max.compaction.lag.ms, or when a kept tombstone or marker has expired.
+2. The *key map* (Kafka's SkimpyOffsetMap): for every key in [first_dirty, upper), the
+   offset of its newest record, records of aborted transactions left out. Its size is
+   bounded by log.cleaner.dedupe.buffer.size (24 bytes an entry: a 16-byte MD5 of the
+   key and an offset, at most 90% full). When it fills, `upper` comes down to the base of
+   the segment where it filled, and the next round goes on from there.
+3. The *rewrite* walks [log start, upper) oldest first and keeps, per batch:
+   - a record whose key's newest offset (per the map) is its own or later, or that the
+     map does not know (it is already the newest: it lies in the clean part);
+   - not a record without key (Kafka's cleaner drops them too);
+   - not a tombstone (null value) in a segment whose newest record is older than
+     delete.retention.ms: by then readers have had that long to see the deletion;
+   - no record of an aborted transaction (the aborted-transaction index says which);
+   - a COMMIT marker until delete.retention.ms has passed and no record of its
+     transaction was left in the range it closes. ABORT markers are kept with their
+     aborted-transaction index entries, so read_committed readers stay exact (Kafka
+     removes them too, rewriting the index; not done here).
+   A batch whose records all stay is kept byte for byte; a partly kept one becomes one
+   uncompressed batch per kept record at the record's own offset, with the batch's
+   producer id, epoch, sequence and transactional flag, so offsets and producer state
+   are what they were. A segment whose batches all stay is not rewritten.
+
+The caller swaps each changed segment in, oldest first (`PartitionLog.replace_segment`,
+crash-safe, see rewrite.py): a record dropped from an old segment is always superseded by
+one kept in a newer segment, so a crash between two swaps loses no key's newest value.
+Producer state does not depend on the removed batches: it is snapshotted at every roll,
+at the active segment's base, which the cleaner never reaches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from onceflow.protocol.compression import batch_records
+from onceflow.protocol.records import (
+    BatchHeader,
+    Record,
+    SimpleRecord,
+    TimestampType,
+    build_batch,
+    end_txn_marker,
+    iter_batches,
+)
+from onceflow.storage.config import LogConfig
+from onceflow.storage.log import PartitionLog, SegmentInfo
+from onceflow.storage.txn_index import AbortedTxn
+
+logger = logging.getLogger(__name__)
+
+KEY_MAP_ENTRY_BYTES = 24  # a 16-byte MD5 of the key and an 8-byte offset, as Kafka sizes it
+KEY_MAP_LOAD_FACTOR = 0.9  # log.cleaner.io.buffer.load.factor (Kafka's default)
+DEDUPE_BUFFER_BYTES_DEFAULT = 134_217_728  # log.cleaner.dedupe.buffer.size
+READ_CHUNK_BYTES = 1024 * 1024  # one read of the log: the lock is held for this much
+
+
+class KeyMap:
+    """Key -> newest offset, at most `capacity` keys (Kafka's SkimpyOffsetMap, by digest)."""
+
+    def __init__(self, memory_bytes: int) -> None:
+        self.capacity = max(1, int(memory_bytes * KEY_MAP_LOAD_FACTOR) // KEY_MAP_ENTRY_BYTES)
+        self._offsets: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def put(self, key: bytes, offset: int) -> bool:
+        """False (nothing stored) when the key is new and the map is full."""
+        digest = hashlib.md5(key, usedforsecurity=False).digest()
+        if digest not in self._offsets and len(self._offsets) >= self.capacity:
+            return False
+        self._offsets[digest] = offset
+        return True
+
+    def get(self, key: bytes) -> int | None:
+        return self._offsets.get(hashlib.md5(key, usedforsecurity=False).digest())
+
+
+@dataclass
+class CleanPlan:
+    """What each segment in [log start, upper) keeps; only `changed` ones are rewritten."""
+
+    upper_offset: int  # exclusive end of the cleaned range (a segment base)
+    batches: dict[int, list[bytes]] = field(default_factory=dict)  # segment base -> batches
+    changed: set[int] = field(default_factory=set)
+    records_before: int = 0
+    records_kept: int = 0
+    bytes_before: int = 0
+    # The earliest time a tombstone or COMMIT marker kept now may go (None: none kept).
+    next_expiry_ms: int | None = None
+
+
+def cleanable_upper(log: PartitionLog, first_unstable_offset: int | None, now_ms: int,
+                    config: LogConfig) -> int:
+    """The base offset of the first segment the cleaner must not touch (step 1)."""
+    infos = log.segment_infos()
+    bases = [info.base_offset for info in infos]
+    upper = infos[-1].base_offset
+    if first_unstable_offset is not None:
+        upper = min(upper, first_unstable_offset)
+    for info in infos[:-1]:
+        if info.max_timestamp_ms > now_ms - config.min_compaction_lag_ms:
+            upper = min(upper, info.base_offset)
+            break
+    return bases[max(bisect_right(bases, upper) - 1, 0)]
+
+
+def dirty_ratio(infos: list[SegmentInfo], first_dirty: int, upper: int) -> float:
+    clean = sum(i.size_bytes for i in infos if i.next_offset <= first_dirty)
+    dirty = sum(i.size_bytes for i in infos
+                if i.base_offset >= first_dirty and i.next_offset <= upper)
+    total = clean + dirty
+    return dirty / total if total else 0.0
+
+
+def needs_cleaning(log: PartitionLog, config: LogConfig, first_dirty: int, upper: int,
+                   now_ms: int, expiry_ms: int | None) -> bool:
+    """Step 1's rule: dirty ratio, max.compaction.lag.ms, or an expired tombstone."""
+    infos = log.segment_infos()
+    if upper <= log.log_start_offset:
+        return False
+    if expiry_ms is not None and now_ms >= expiry_ms:
+        return True
+    dirty = [i for i in infos if i.base_offset >= first_dirty and i.next_offset <= upper]
+    if not dirty:
+        return False
+    if dirty_ratio(infos, first_dirty, upper) >= config.min_cleanable_dirty_ratio:
+        return True
+    oldest_ms = dirty[0].max_timestamp_ms
+    return 0 <= oldest_ms < now_ms - config.max_compaction_lag_ms
+
+
+def _batches(log: PartitionLog, start: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
+    """(header, bytes) of every batch in [start, upper), a chunk at a time."""
+    offset = max(start, log.log_start_offset)
+    while offset < upper:
+        chunk = log.read(offset, READ_CHUNK_BYTES, upper)
+        if not chunk:
+            return
+        for header, batch in iter_batches(chunk):
+            if header.last_offset >= offset:
+                yield header, bytes(batch)
+            offset = header.last_offset + 1
+
+
+class _Aborted:
+    """Whether a transactional batch belongs to an aborted transaction."""
+
+    def __init__(self, txns: list[AbortedTxn]) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for txn in txns:
+            self._ranges.setdefault(txn.producer_id, []).append(
+                (txn.first_offset, txn.last_offset))
+
+    def __call__(self, header: BatchHeader) -> bool:
+        return any(first <= header.base_offset <= last
+                   for first, last in self._ranges.get(header.producer_id, ()))
+
+
+def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes: int,
+                  aborted: _Aborted) -> tuple[KeyMap, int]:
+    """Step 2: the key map of [first_dirty, upper) and the upper bound it covers."""
+    key_map = KeyMap(memory_bytes)
+    bases = log.segment_base_offsets
+    for header, batch in _batches(log, first_dirty, upper):
+        if header.is_control or (header.is_transactional and aborted(header)):
+            continue
+        for record in batch_records(batch):
+            if record.key is not None and not key_map.put(record.key, record.offset):
+                full_at = bases[bisect_right(bases, header.base_offset) - 1]
+                logger.info("%s: key map full (%d keys) at offset %d; cleaning up to %d",
+                            log.directory.name, len(key_map), record.offset, full_at)
+                return key_map, full_at
+    return key_map, upper
+
+
+def _rebuilt(header: BatchHeader, records: list[Record]) -> list[bytes]:
+    """A partly kept batch: one batch per kept record, at its own offset."""
+    timestamp_type = header.timestamp_type
+    out = []
+    for record in records:
+        sequence = (-1 if header.base_sequence < 0
+                    else header.base_sequence + record.offset - header.base_offset)
+        out.append(build_batch(
+            [SimpleRecord(record.key, record.value, record.headers)],
+            base_offset=record.offset, base_timestamp_ms=record.timestamp_ms,
+            producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+            base_sequence=sequence, transactional=header.is_transactional,
+            timestamp_type=(TimestampType.LOG_APPEND_TIME
+                            if timestamp_type == TimestampType.LOG_APPEND_TIME
+                            else TimestampType.CREATE_TIME)))
+    return out
+
+
+def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: int,
+               upper: int, memory_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT) -> CleanPlan:
+    """(any thread; reads only) Steps 2 and 3 over [log start, upper)."""
+    start = log.log_start_offset
+    aborted = _Aborted(log.aborted_transactions(start, upper))
+    key_map, upper = build_key_map(log, max(first_dirty, start), upper, memory_bytes, aborted)
+    infos = [i for i in log.segment_infos() if i.base_offset < upper]
+    bases = [i.base_offset for i in infos]
+    expired = {i.base_offset: 0 <= i.max_timestamp_ms < now_ms - config.delete_retention_ms
+               for i in infos}
+    plan = CleanPlan(upper, {base: [] for base in bases})
+    open_txn_records: set[int] = set()  # producers whose current transaction had records
+
+    def expiry(base: int) -> None:
+        info = next(i for i in infos if i.base_offset == base)
+        when = max(info.max_timestamp_ms, 0) + config.delete_retention_ms + 1
+        plan.next_expiry_ms = when if plan.next_expiry_ms is None else min(
+            plan.next_expiry_ms, when)
+
+    for header, batch in _batches(log, start, upper):
+        segment = bases[bisect_right(bases, header.base_offset) - 1]
+        plan.bytes_before += len(batch)
+        if header.is_control:
+            had_records = header.producer_id in open_txn_records
+            open_txn_records.discard(header.producer_id)
+            marker = end_txn_marker(batch)
+            if marker is not None and marker.commit and not had_records and expired[segment]:
+                plan.changed.add(segment)
+                continue
+            if marker is not None and marker.commit and not had_records:
+                expiry(segment)
+            plan.batches[segment].append(batch)
+            continue
+        records = batch_records(batch)
+        plan.records_before += len(records)
+        if header.is_transactional:
+            if aborted(header):
+                plan.changed.add(segment)
+                continue
+        kept = []
+        for record in records:
+            if record.key is None:
+                continue
+            newest = key_map.get(record.key)
+            if newest is not None and record.offset < newest:
+                continue
+            if record.value is None:
+                if expired[segment]:
+                    continue
+                expiry(segment)
+            kept.append(record)
+        if header.is_transactional and kept:
+            open_txn_records.add(header.producer_id)
+        plan.records_kept += len(kept)
+        if len(kept) == len(records):
+            plan.batches[segment].append(batch)
+        else:
+            plan.changed.add(segment)
+            plan.batches[segment].extend(_rebuilt(header, kept))
+    return plan
+
+
+def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[int],
+               now_ms: int) -> int:
+    """Swaps each changed segment for its kept batches, oldest first (see the module
+    docstring); a segment retention deleted meanwhile is skipped. Returns how many were
+    swapped. Shared by the coordinator topics' compactor."""
+    swapped = 0
+    for base in sorted(changed):
+        if base not in log.segment_base_offsets:
+            continue  # deleted by retention since the plan was made
+        log.replace_segment(base, batches[base], now_ms)
+        swapped += 1
+    return swapped
