@@ -168,7 +168,8 @@ class BrokerState:
         self.config = config
         self.cluster = cluster
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-        self.store = Store(Path(config.data_dir), now_ms())
+        self.store = Store(Path(config.data_dir), now_ms(),
+                           log_defaults=dict(config.log_defaults))
         self.committer = GroupCommitter(fsync_enabled=config.fsync)
         self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
                                                 fsync=config.fsync)
