@@ -103,6 +103,10 @@ class BrokerMetrics:
         self._cleaner_segments = Counter(
             "onceflow_log_cleaner_segments_rewritten", "Segments the log cleaner rewrote, "
             "by topic.", ["topic"], registry=self.registry)
+        self._storage_errors = Counter(
+            "onceflow_log_storage_errors", "Produce answers KAFKA_STORAGE_ERROR: the partition's "
+            "log failed to write or fsync (disk full, I/O error) and is offline for writes until "
+            "a restart.", ["topic"], registry=self.registry)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
@@ -135,6 +139,9 @@ class BrokerMetrics:
         self._child(self._cleaner_runs, topic).inc()
         self._child(self._cleaner_bytes, topic).inc(bytes_read)
         self._child(self._cleaner_segments, topic).inc(segments_rewritten)
+
+    def storage_error(self, topic: str) -> None:
+        self._child(self._storage_errors, topic).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

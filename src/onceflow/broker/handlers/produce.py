@@ -188,6 +188,7 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
         return outcome
     except LogFailedError as exc:
         outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(exc)
+        ctx.broker.metrics.storage_error(topic)
         return outcome
     if isinstance(result, Rejected):
         # As Kafka: a refused append still reports the log start offset, which the Java
@@ -208,14 +209,31 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
 
 
 async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
-    """Wait until every offset the outcomes name is on disk (one flush per log)."""
+    """Wait until every offset the outcomes name is on disk (one flush per log). A log whose
+    flush failed (ENOSPC, EIO: the log is now failed) turns its outcomes into
+    KAFKA_STORAGE_ERROR: what did not reach the disk is never acknowledged."""
     logs = {id(o.partition): o.partition.log for o in outcomes
             if o.partition is not None and o.partition.log.recovery_point_offset < o.durable_end}
+    if not logs:
+        return
     futures = [asyncio.wrap_future(ctx.broker.committer.request_flush(log)) for log in logs.values()]
-    if len(futures) == 1:  # the usual case: no gathering future needed
-        await futures[0]
-    elif futures:
-        await asyncio.gather(*futures)
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    failed = {key: result for key, result in zip(logs, results, strict=True)
+              if isinstance(result, BaseException)}
+    for outcome in outcomes:
+        error = failed.get(id(outcome.partition))
+        if error is not None:
+            if not isinstance(error, LogFailedError):
+                raise error  # not a disk fault: a bug, loudly
+            _storage_error(ctx, outcome, error)
+
+
+def _storage_error(ctx: RequestContext, outcome: _Outcome, error: LogFailedError) -> None:
+    """The partition's log failed (Kafka's offline log dir): KAFKA_STORAGE_ERROR at once."""
+    outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(error)
+    outcome.base_offset = outcome.log_append_time_ms = -1
+    if outcome.partition is not None:
+        ctx.broker.metrics.storage_error(outcome.partition.topic)
 
 
 def _has_transactional_batch(body) -> bool:
@@ -284,7 +302,7 @@ async def _add_implicitly(ctx: RequestContext, body) -> tuple[dict, asyncio.Futu
 @handles(ApiKey.PRODUCE)
 async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
-    results = []
+    per_topic: list[tuple[str, list[_Outcome]]] = []
     all_outcomes: list[_Outcome] = []
     whole_request_error = _request_error(body)
     refused: dict[TopicPartition, ErrorCode] = {}
@@ -303,8 +321,7 @@ async def produce(ctx: RequestContext, body) -> dict | None:
                 outcomes = [_append(ctx, topic.name, p, body.transactional_id, refused)
                             for p in topic.partition_data]
             all_outcomes += outcomes
-            results.append({"name": topic.name,
-                            "partition_responses": [o.response() for o in outcomes]})
+            per_topic.append((topic.name, outcomes))
     finally:
         if gate is not None:  # appended: the producer's next request may go
             ctx.txns.close_gate(body.transactional_id, gate)
@@ -312,5 +329,6 @@ async def produce(ctx: RequestContext, body) -> dict | None:
         return None
     if acks == ACKS_ALL:
         await _flush(ctx, all_outcomes)
-    # Responses were built before the flush; offsets do not change while waiting.
+    results = [{"name": name, "partition_responses": [o.response() for o in outcomes]}
+               for name, outcomes in per_topic]
     return {"responses": results, "throttle_time": 0}
