@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from onceflow.protocol.compression import batch_records
+from onceflow.protocol.compression import batch_keys, batch_records
 from onceflow.protocol.records import (
     BatchHeader,
     Record,
@@ -154,6 +155,7 @@ def _batches(log: PartitionLog, start: int, upper: int) -> Iterator[tuple[BatchH
         chunk = log.read(offset, READ_CHUNK_BYTES, upper)
         if not chunk:
             return
+        time.sleep(0)  # hand the GIL to the event loop between chunks: it never waits long
         for header, batch in iter_batches(chunk):
             if header.last_offset >= offset:
                 yield header, bytes(batch)
@@ -182,7 +184,7 @@ def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes:
     for header, batch in _batches(log, first_dirty, upper):
         if header.is_control or (header.is_transactional and aborted(header)):
             continue
-        for record in batch_records(batch):
+        for record in batch_keys(batch):
             if record.key is not None and not key_map.put(record.key, record.offset):
                 full_at = bases[bisect_right(bases, header.base_offset) - 1]
                 logger.info("%s: key map full (%d keys) at offset %d; cleaning up to %d",
@@ -242,24 +244,23 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
                 expiry(segment)
             plan.batches[segment].append(batch)
             continue
-        records = batch_records(batch)
+        records = batch_keys(batch)
         plan.records_before += len(records)
-        if header.is_transactional:
-            if aborted(header):
-                plan.changed.add(segment)
-                continue
-        kept = []
+        if header.is_transactional and aborted(header):
+            plan.changed.add(segment)
+            continue
+        kept = set()
         for record in records:
             if record.key is None:
                 continue
             newest = key_map.get(record.key)
             if newest is not None and record.offset < newest:
                 continue
-            if record.value is None:
+            if not record.has_value:
                 if expired[segment]:
                     continue
                 expiry(segment)
-            kept.append(record)
+            kept.add(record.offset)
         if header.is_transactional and kept:
             open_txn_records.add(header.producer_id)
         plan.records_kept += len(kept)
@@ -267,7 +268,8 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
             plan.batches[segment].append(batch)
         else:
             plan.changed.add(segment)
-            plan.batches[segment].extend(_rebuilt(header, kept))
+            plan.batches[segment].extend(
+                _rebuilt(header, [r for r in batch_records(batch) if r.offset in kept]))
     return plan
 
 
