@@ -6,7 +6,12 @@ from __future__ import annotations
 import random
 
 from onceflow.protocol.compression import batch_records
-from onceflow.protocol.records import SimpleRecord, build_batch, iter_batches
+from onceflow.protocol.records import (
+    SimpleRecord,
+    build_batch,
+    build_control_batch,
+    iter_batches,
+)
 from onceflow.storage import LogConfig, PartitionLog
 from onceflow.storage.cleaner import (
     KEY_MAP_ENTRY_BYTES,
@@ -15,6 +20,7 @@ from onceflow.storage.cleaner import (
     cleanable_upper,
     plan_clean,
 )
+from onceflow.storage.txn_index import AbortedTxn
 
 NOW_MS = 1_700_000_000_000
 KEYS = [f"key-{i}".encode() for i in range(20)]
@@ -98,3 +104,45 @@ def test_tombstones_go_after_delete_retention(tmp_path):
     remaining = [key for offset, key, _ in _records(log) if offset < upper]
     assert not set(remaining) & set(KEYS[:5]), (keys, remaining)
     log.close()
+
+
+def test_aborted_records_then_their_marker_and_index_entry_go(tmp_path):
+    config = LogConfig(segment_bytes=1 << 20, segment_ms=60_000, delete_retention_ms=1_000)
+    log = PartitionLog.open(tmp_path / "p", config, NOW_MS)
+
+    def append(batch: bytes) -> int:
+        return log.append([batch], NOW_MS).first_offset
+
+    aborted_first = append(build_batch([SimpleRecord(b"a", b"x"), SimpleRecord(b"b", b"y")],
+                                       base_timestamp_ms=NOW_MS, producer_id=1,
+                                       producer_epoch=0, base_sequence=0, transactional=True))
+    abort_at = append(build_control_batch(producer_id=1, producer_epoch=0, commit=False,
+                                          coordinator_epoch=0, timestamp_ms=NOW_MS))
+    log.append_aborted_txn(AbortedTxn(1, aborted_first, abort_at, abort_at + 1))
+    committed = append(build_batch([SimpleRecord(b"a", b"z")], base_timestamp_ms=NOW_MS,
+                                   producer_id=2, producer_epoch=0, base_sequence=0,
+                                   transactional=True))
+    commit_at = append(build_control_batch(producer_id=2, producer_epoch=0, commit=True,
+                                           coordinator_epoch=0, timestamp_ms=NOW_MS))
+    log.append([build_batch([SimpleRecord(b"tick", b"t")], base_timestamp_ms=NOW_MS)],
+               NOW_MS + 60_000)  # rolls: everything above is in a closed segment
+    later = NOW_MS + 10_000
+    upper = cleanable_upper(log, None, later, config)
+    offsets_before = [h.base_offset for h in log.batches_from(0)]
+    assert offsets_before == [aborted_first, abort_at, committed, commit_at, upper]
+    first = plan_clean(log, config, later, 0, upper)
+    apply_plan(log, first.batches, first.changed, later, first.aborted)
+    # Round 1: the aborted records go; the markers stay (records were there this round).
+    assert [h.base_offset for h in log.batches_from(0)] == [abort_at, committed, commit_at,
+                                                            upper]
+    assert [t.last_offset for t in log.aborted_transactions(0, upper)] == [abort_at]
+    second = plan_clean(log, config, later, upper, upper)
+    apply_plan(log, second.batches, second.changed, later, second.aborted)
+    # Round 2: the ABORT marker and its index entry go; the COMMIT marker stays while its
+    # transaction's record does.
+    assert [h.base_offset for h in log.batches_from(0)] == [committed, commit_at, upper]
+    assert log.aborted_transactions(0, upper) == []
+    log.close()
+    reopened = PartitionLog.open(tmp_path / "p", config, NOW_MS)
+    assert reopened.aborted_transactions(0, upper) == []
+    reopened.close()

@@ -25,10 +25,11 @@ more than one read (the log is read through `PartitionLog.read`, a chunk at a ti
    - not a tombstone (null value) in a segment whose newest record is older than
      delete.retention.ms: by then readers have had that long to see the deletion;
    - no record of an aborted transaction (the aborted-transaction index says which);
-   - a COMMIT marker until delete.retention.ms has passed and no record of its
-     transaction was left in the range it closes. ABORT markers are kept with their
-     aborted-transaction index entries, so read_committed readers stay exact (Kafka
-     removes them too, rewriting the index; not done here).
+   - a COMMIT or ABORT marker until delete.retention.ms has passed and no record of its
+     transaction is left in the log before it (counted before this cleaning, so the
+     marker goes at the earliest one cleaning after its records); a removed ABORT
+     marker's entry leaves the segment's aborted-transaction index, which is staged and
+     swapped in before the .log, so read_committed readers stay exact.
    A batch whose records all stay is kept byte for byte; a partly kept one becomes one
    uncompressed batch per kept record at the record's own offset, with the batch's
    producer id, epoch, sequence and transactional flag, so offsets and producer state
@@ -104,8 +105,11 @@ class CleanPlan:
     records_before: int = 0
     records_kept: int = 0
     bytes_before: int = 0
-    # The earliest time a tombstone or COMMIT marker kept now may go (None: none kept).
+    # The earliest time a tombstone or marker kept now may go (None: none kept).
     next_expiry_ms: int | None = None
+    # Segments whose aborted-transaction index changes (ABORT markers removed): the
+    # entries they keep.
+    aborted: dict[int, list[AbortedTxn]] = field(default_factory=dict)
 
 
 def cleanable_upper(log: PartitionLog, first_unstable_offset: int | None, now_ms: int,
@@ -215,14 +219,16 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
                upper: int, memory_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT) -> CleanPlan:
     """(any thread; reads only) Steps 2 and 3 over [log start, upper)."""
     start = log.log_start_offset
-    aborted = _Aborted(log.aborted_transactions(start, upper))
+    aborted_txns = log.aborted_transactions(start, upper)
+    aborted = _Aborted(aborted_txns)
     key_map, upper = build_key_map(log, max(first_dirty, start), upper, memory_bytes, aborted)
     infos = [i for i in log.segment_infos() if i.base_offset < upper]
     bases = [i.base_offset for i in infos]
     expired = {i.base_offset: 0 <= i.max_timestamp_ms < now_ms - config.delete_retention_ms
                for i in infos}
     plan = CleanPlan(upper, {base: [] for base in bases})
-    open_txn_records: set[int] = set()  # producers whose current transaction had records
+    open_txn_records: set[int] = set()  # producers whose current transaction has records
+    removed_aborts: set[int] = set()  # offsets of ABORT markers removed
 
     def expiry(base: int) -> None:
         info = next(i for i in infos if i.base_offset == base)
@@ -237,18 +243,25 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
             had_records = header.producer_id in open_txn_records
             open_txn_records.discard(header.producer_id)
             marker = end_txn_marker(batch)
-            if marker is not None and marker.commit and not had_records and expired[segment]:
+            if marker is not None and not had_records and expired[segment]:
                 plan.changed.add(segment)
+                if not marker.commit:
+                    removed_aborts.add(header.base_offset)
                 continue
-            if marker is not None and marker.commit and not had_records:
+            if marker is not None and not had_records:
                 expiry(segment)
             plan.batches[segment].append(batch)
             continue
         records = batch_keys(batch)
         plan.records_before += len(records)
-        if header.is_transactional and aborted(header):
-            plan.changed.add(segment)
-            continue
+        if header.is_transactional:
+            # Counted on what was in the log, kept or not: a marker goes only in a later
+            # cleaning than its transaction's records, so a crash between the swap of the
+            # aborted-transaction index and of the .log never exposes aborted records.
+            open_txn_records.add(header.producer_id)
+            if aborted(header):
+                plan.changed.add(segment)
+                continue
         kept = set()
         for record in records:
             if record.key is None:
@@ -261,8 +274,6 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
                     continue
                 expiry(segment)
             kept.add(record.offset)
-        if header.is_transactional and kept:
-            open_txn_records.add(header.producer_id)
         plan.records_kept += len(kept)
         if len(kept) == len(records):
             plan.batches[segment].append(batch)
@@ -270,11 +281,21 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
             plan.changed.add(segment)
             plan.batches[segment].extend(
                 _rebuilt(header, [r for r in batch_records(batch) if r.offset in kept]))
+    for txn in aborted_txns:
+        if txn.last_offset in removed_aborts:
+            segment = bases[bisect_right(bases, txn.last_offset) - 1]
+            plan.aborted.setdefault(segment, [])
+    for txn in aborted_txns:
+        if txn.last_offset >= upper:
+            continue  # its marker lies past the cleaned range
+        segment = bases[bisect_right(bases, txn.last_offset) - 1]
+        if segment in plan.aborted and txn.last_offset not in removed_aborts:
+            plan.aborted[segment].append(txn)
     return plan
 
 
 def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[int],
-               now_ms: int) -> int:
+               now_ms: int, aborted: dict[int, list[AbortedTxn]] | None = None) -> int:
     """Swaps each changed segment for its kept batches, oldest first (see the module
     docstring); a segment retention deleted meanwhile is skipped. Returns how many were
     swapped. Shared by the coordinator topics' compactor."""
@@ -282,6 +303,6 @@ def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[
     for base in sorted(changed):
         if base not in log.segment_base_offsets:
             continue  # deleted by retention since the plan was made
-        log.replace_segment(base, batches[base], now_ms)
+        log.replace_segment(base, batches[base], now_ms, (aborted or {}).get(base))
         swapped += 1
     return swapped

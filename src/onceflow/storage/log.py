@@ -490,14 +490,17 @@ class PartitionLog:
 
     # -- compaction (issue 4: __consumer_offsets) -----------------------------------------------
 
-    def replace_segment(self, base_offset: int, batches: list, now_ms: int) -> int:
+    def replace_segment(self, base_offset: int, batches: list, now_ms: int,
+                        aborted: list[AbortedTxn] | None = None) -> int:
         """Compaction: the closed segment starting at `base_offset` keeps only `batches` -
         whole v2 batches that keep their offsets (gaps allowed), in the segment's offset
         range, in order. With no batches a segment other than the first is deleted. Writes
         and fsyncs the new files on the calling thread without holding the log's locks
         (appends, reads and flushes go on meanwhile), then swaps them in under the locks;
-        crash-safe, see storage/rewrite.py. Returns the segment's new size in bytes.
-        One replacer per log at a time (the staging directory is shared)."""
+        crash-safe, see storage/rewrite.py. `aborted`, when given, replaces the segment's
+        aborted-transaction index (the cleaner drops entries of removed ABORT markers).
+        Returns the segment's new size in bytes. One replacer per log at a time (the
+        staging directory is shared)."""
         with self._lock:
             self._check_writable()
             index = self._closed_segment_index(base_offset)
@@ -515,12 +518,13 @@ class PartitionLog:
                 return 0
         config = self.config
         staging = stage_segment(self.directory, base_offset, upper, batches,
-                                config.index_interval_bytes, index_entries_max(config), now_ms)
+                                config.index_interval_bytes, index_entries_max(config), now_ms,
+                                aborted)
         with self._flush_lock, self._lock:
             self._check_writable()
             index = self._closed_segment_index(base_offset)  # retention may have moved it
             old = self._segments[index]
-            install_segment(self.directory, staging, base_offset)
+            install_segment(self.directory, staging, base_offset, aborted is not None)
             new = Segment.open_existing(self.directory, base_offset,
                                         config.index_interval_bytes, index_entries_max(config))
             if not new.load_trusted(now_ms):

@@ -301,4 +301,4 @@ class LogCleaner:
         """(worker thread) Plan, then swap the changed segments in."""
         plan = plan_clean(partition_log, partition_log.config, now, first_dirty, upper,
                           self._dedupe_buffer_bytes)
-        return plan, apply_plan(partition_log, plan.batches, plan.changed, now)
+        return plan, apply_plan(partition_log, plan.batches, plan.changed, now, plan.aborted)
