@@ -8,6 +8,7 @@ import random
 from onceflow.protocol.compression import batch_records
 from onceflow.protocol.records import (
     SimpleRecord,
+    TimestampType,
     build_batch,
     build_control_batch,
     iter_batches,
@@ -146,3 +147,20 @@ def test_aborted_records_then_their_marker_and_index_entry_go(tmp_path):
     reopened = PartitionLog.open(tmp_path / "p", config, NOW_MS)
     assert reopened.aborted_transactions(0, upper) == []
     reopened.close()
+
+
+def test_the_accelerated_readers_agree_with_ours():
+    from onceflow.protocol.compression import batch_keys, batch_records
+    from onceflow.storage import cleaner
+
+    assert cleaner.record_keys is not batch_keys, "aiokafka (a test dependency) is installed"
+    rng = random.Random(3)
+    for _ in range(50):
+        records = [SimpleRecord(rng.choice([None, *KEYS]), rng.choice([None, b"", b"v" * 300]),
+                                (("h", b"x"),) * rng.randint(0, 2))
+                   for _ in range(rng.randint(1, 30))]
+        batch = build_batch(records, base_offset=rng.randint(0, 10**12),
+                            base_timestamp_ms=rng.randint(0, 10**12),
+                            timestamp_type=rng.choice(list(TimestampType)))
+        assert cleaner.record_keys(batch) == batch_keys(batch)
+        assert cleaner.record_list(batch) == batch_records(batch)

@@ -167,24 +167,29 @@ def batch_keys(batch: bytes | memoryview, limit_bytes: int = DECOMPRESSED_BYTES_
     return out
 
 
-def batch_records(batch: bytes | memoryview, limit_bytes: int = DECOMPRESSED_BYTES_MAX
-                  ) -> list[Record]:
-    """The records of one v2 batch, decompressed if need be (CorruptRecord)."""
+def plain_batch(batch: bytes | memoryview, limit_bytes: int = DECOMPRESSED_BYTES_MAX
+                ) -> bytes | memoryview:
+    """The batch itself if uncompressed, else the same batch with its records section
+    decompressed and the compression bits cleared (CRC not recomputed: for reading)."""
     view = memoryview(batch).cast("B")
     if len(view) < BATCH_HEADER_BYTES:
         raise CorruptRecord("truncated batch header")
     header = BatchHeader._make(BATCH_HEADER.unpack_from(view, 0))
     if header.compression == Compression.NONE:
-        return decode_records(batch)
+        return batch
     body = decompress(header.compression, view[BATCH_HEADER_BYTES:header.size_bytes],
                       limit_bytes)
-    attributes = header.attributes & ~ATTR_COMPRESSION_MASK
-    plain = b"".join((
+    return b"".join((
         view[:8],
         _BATCH_LENGTH.pack(BATCH_HEADER_BYTES - LOG_OVERHEAD_BYTES + len(body)),
         view[12:ATTRIBUTES_AT],
-        _ATTRIBUTES.pack(attributes),
+        _ATTRIBUTES.pack(header.attributes & ~ATTR_COMPRESSION_MASK),
         view[ATTRIBUTES_AT + 2:BATCH_HEADER_BYTES],
         body,
     ))
-    return decode_records(plain)
+
+
+def batch_records(batch: bytes | memoryview, limit_bytes: int = DECOMPRESSED_BYTES_MAX
+                  ) -> list[Record]:
+    """The records of one v2 batch, decompressed if need be (CorruptRecord)."""
+    return decode_records(plain_batch(batch, limit_bytes))

@@ -51,7 +51,8 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from onceflow.protocol.compression import batch_keys, batch_records
+from onceflow.protocol.compression import KeyedRecord, batch_keys, batch_records, plain_batch
+from onceflow.protocol.errors import CorruptRecord
 from onceflow.protocol.records import (
     BatchHeader,
     Record,
@@ -71,6 +72,38 @@ KEY_MAP_ENTRY_BYTES = 24  # a 16-byte MD5 of the key and an 8-byte offset, as Ka
 KEY_MAP_LOAD_FACTOR = 0.9  # log.cleaner.io.buffer.load.factor (Kafka's default)
 DEDUPE_BUFFER_BYTES_DEFAULT = 134_217_728  # log.cleaner.dedupe.buffer.size
 READ_CHUNK_BYTES = 1024 * 1024  # one read of the log: the lock is held for this much
+
+
+def _c_readers():
+    """aiokafka's C record-batch reader, when installed: it reads records about 25 times
+    faster than `protocol.compression`, and the cleaner's Python time is time the
+    broker's event loop waits for the GIL. Decompression stays ours (bounded)."""
+    try:
+        from aiokafka.errors import KafkaError
+        from aiokafka.record._crecords.default_records import DefaultRecordBatch
+    except ImportError:
+        return None, None
+
+    def read(batch: bytes):
+        try:
+            return list(DefaultRecordBatch(bytearray(plain_batch(batch))))
+        except (KafkaError, ValueError, IndexError) as exc:
+            raise CorruptRecord(f"record batch does not decode: {exc}") from None
+
+    def keys(batch: bytes) -> list[KeyedRecord]:
+        return [KeyedRecord(r.offset, r.key, r.value is not None) for r in read(batch)]
+
+    def records(batch: bytes) -> list[Record]:
+        return [Record(r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
+                for r in read(batch)]
+
+    return keys, records
+
+
+# Same answers either way (tests/storage/test_cleaner.py checks).
+_C_KEYS, _C_RECORDS = _c_readers()
+record_keys = _C_KEYS or batch_keys
+record_list = _C_RECORDS or batch_records
 
 
 class KeyMap:
@@ -188,7 +221,7 @@ def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes:
     for header, batch in _batches(log, first_dirty, upper):
         if header.is_control or (header.is_transactional and aborted(header)):
             continue
-        for record in batch_keys(batch):
+        for record in record_keys(batch):
             if record.key is not None and not key_map.put(record.key, record.offset):
                 full_at = bases[bisect_right(bases, header.base_offset) - 1]
                 logger.info("%s: key map full (%d keys) at offset %d; cleaning up to %d",
@@ -252,7 +285,7 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
                 expiry(segment)
             plan.batches[segment].append(batch)
             continue
-        records = batch_keys(batch)
+        records = record_keys(batch)
         plan.records_before += len(records)
         if header.is_transactional:
             # Counted on what was in the log, kept or not: a marker goes only in a later
@@ -280,7 +313,7 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
         else:
             plan.changed.add(segment)
             plan.batches[segment].extend(
-                _rebuilt(header, [r for r in batch_records(batch) if r.offset in kept]))
+                _rebuilt(header, [r for r in record_list(batch) if r.offset in kept]))
     for txn in aborted_txns:
         if txn.last_offset in removed_aborts:
             segment = bases[bisect_right(bases, txn.last_offset) - 1]
