@@ -113,3 +113,36 @@ def test_disk_full_answers_storage_error_and_loses_nothing(small_disk):
         later, later_errors = _produce(bootstrap, full, 3)
         assert not later_errors and len(later) == 3
         assert _read(bootstrap, full) == acked | later, "acknowledged records all there"
+
+
+def test_fsync_failure_answers_storage_error_and_acknowledges_nothing(tmp_path, monkeypatch):
+    """EIO from fsync (the kernel's answer faked for one partition's files: a disk that
+    accepts writes into the page cache and then fails to persist them)."""
+    settings = {"offsets_topic_num_partitions": 1, "transaction_state_num_partitions": 1}
+    with Broker(tmp_path / "data", **settings) as broker:
+        bootstrap = broker.bootstrap_servers
+        failing, other = unique("eio"), unique("fine")
+        create_topic(bootstrap, failing)
+        create_topic(bootstrap, other)
+        before, _ = _produce(bootstrap, failing, 3)
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            if f"/{failing}-0" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(5, "Input/output error (injected)")
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        acked, errors = _produce(bootstrap, failing, 1)
+        assert not acked and errors, "nothing that did not reach the disk is acknowledged"
+        assert errors[0][0].code() == KafkaError.KAFKA_STORAGE_ERROR, errors[0][0]
+        print(f"KAFKA_STORAGE_ERROR after {errors[0][1]:.3f} s")
+        assert errors[0][1] < ANSWER_S_MAX
+        other_acked, other_errors = _produce(bootstrap, other, 3)
+        assert not other_errors and len(other_acked) == 3, "other partitions keep serving"
+        monkeypatch.setattr(os, "fsync", real_fsync)
+    with Broker(tmp_path / "data", **settings) as broker:
+        later, later_errors = _produce(broker.bootstrap_servers, failing, 2)
+        assert not later_errors and len(later) == 2
+        records = _read(broker.bootstrap_servers, failing)
+        assert before.items() <= records.items() and later.items() <= records.items()
