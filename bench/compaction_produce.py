@@ -36,9 +36,11 @@ CLEANER_BACKOFF_MS = 200
 TIMEOUT_S = 120
 
 
-def run_once(records: int, keys: int, value_bytes: int, cleaner: bool, fsync: bool) -> dict:
+def run_once(records: int, keys: int, value_bytes: int, cleaner: bool, fsync: bool,
+             io_bytes_per_second: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-") as data_dir:
         with Broker(Path(data_dir), log_cleaner_enable=cleaner, fsync=fsync,
+                    log_cleaner_io_max_bytes_per_second=io_bytes_per_second,
                     log_cleaner_backoff_ms=CLEANER_BACKOFF_MS,
                     offsets_topic_num_partitions=1,
                     transaction_state_num_partitions=1) as broker:
@@ -88,17 +90,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-fsync", dest="fsync", action="store_false",
                         help="answer acks=all before fsync (the cleaner still fsyncs)")
+    parser.add_argument("--cleaner-io-bytes-per-second", type=float, default=float("inf"),
+                        help="log.cleaner.io.max.bytes.per.second (default: no limit)")
     args = parser.parse_args()
     results: dict[bool, list[dict]] = {True: [], False: []}
     for run in range(args.runs):
         for cleaner in ((True, False) if run % 2 == 0 else (False, True)):
-            result = run_once(args.records, args.keys, args.value_bytes, cleaner, args.fsync)
+            result = run_once(args.records, args.keys, args.value_bytes, cleaner, args.fsync,
+                              args.cleaner_io_bytes_per_second)
             results[cleaner].append(result)
             print(f"run {run} cleaner={'on' if cleaner else 'off'}: {result}", file=sys.stderr)
     print(f"Load: {args.records:,} records x {args.value_bytes:,} B over {args.keys:,} keys, "
           f"1 partition, cleanup.policy=compact, segment.bytes={SEGMENT_BYTES}, "
           f"min.cleanable.dirty.ratio=0.01, acks=all, linger.ms=5, "
-          f"fsync {'on' if args.fsync else 'off'}; "
+          f"fsync {'on' if args.fsync else 'off'}, "
+          f"log.cleaner.io.max.bytes.per.second={args.cleaner_io_bytes_per_second:g}; "
           f"median of {args.runs} runs per mode, modes alternating.\n")
     print("| cleaner | records/s (median) | all runs (records/s) | cleanings during the run "
           "| bytes cleaned | log size at the end |")

@@ -47,6 +47,7 @@ log.cleanup.policy=delete
 log.cleaner.backoff.ms = 500
 log.cleaner.dedupe.buffer.size=\
   1048576
+log.cleaner.io.max.bytes.per.second=5e6
 offsets.topic.num.partitions=5
 """
 
@@ -59,6 +60,7 @@ def test_a_real_looking_server_properties_gives_its_values():
     assert config.num_partitions == 3 and config.offsets_topic_num_partitions == 5
     assert config.log_cleaner_backoff_ms == 500 == config.offsets_compaction_interval_ms
     assert config.log_cleaner_dedupe_buffer_size == 1048576
+    assert config.log_cleaner_io_max_bytes_per_second == 5_000_000
     defaults = dict(config.log_defaults)
     # log.retention.minutes wins over .hours (Kafka's precedence), in milliseconds
     assert defaults["retention.ms"] == str(60 * 60_000)
@@ -66,6 +68,8 @@ def test_a_real_looking_server_properties_gives_its_values():
     described = effective_broker_configs(config)
     assert described["num.partitions"] == ("3", True)
     assert described["auto.create.topics.enable"] == ("true", False)
+    unlimited = effective_broker_configs(config_from_properties({"log.dirs": "/d"}, {}))
+    assert unlimited["log.cleaner.io.max.bytes.per.second"] == ("1.7976931348623157E308", False)
     assert described["log.retention.ms"] == (str(3_600_000), True)
 
 

@@ -17,6 +17,7 @@ from onceflow.storage import LogConfig, PartitionLog
 from onceflow.storage.cleaner import (
     KEY_MAP_ENTRY_BYTES,
     KeyMap,
+    Throttler,
     apply_plan,
     cleanable_upper,
     plan_clean,
@@ -164,3 +165,21 @@ def test_the_accelerated_readers_agree_with_ours():
                             timestamp_type=rng.choice(list(TimestampType)))
         assert cleaner.record_keys(batch) == batch_keys(batch)
         assert cleaner.record_list(batch) == batch_records(batch)
+
+
+def test_throttler_holds_the_rate():
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    throttle = Throttler(1_000_000, clock=lambda: now[0], sleep=sleep)
+    throttle(500_000)
+    assert slept == [0.5]
+    now[0] += 2.0  # time passed doing other work: no sleep needed
+    throttle(1_000_000)
+    assert slept == [0.5]
+    throttle(3_000_000)
+    assert slept[-1] == 2.0 and now[0] == 4.5  # 4.5 MB at 1 MB/s: 4.5 s in all

@@ -43,6 +43,8 @@ class BrokerConfig:
     log_cleaner_enable: bool = True                      # log.cleaner.enable
     log_cleaner_backoff_ms: int = 15_000                 # log.cleaner.backoff.ms
     log_cleaner_dedupe_buffer_size: int = 134_217_728    # log.cleaner.dedupe.buffer.size
+    # log.cleaner.io.max.bytes.per.second (Kafka: Double.MAX_VALUE, no limit)
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
     # Topic config defaults from the broker's log.* keys (log.retention.hours=1 gives
     # ("retention.ms", "3600000")), under every topic's own configs; see config_file.py.
     log_defaults: tuple[tuple[str, str], ...] = ()

@@ -68,6 +68,13 @@ def _bool(text: str) -> bool:
     return text.strip().lower() == "true"
 
 
+def _positive_float(text: str) -> float:
+    value = float(text.strip())
+    if not value > 0:
+        raise ValueError("must be more than 0")
+    return value
+
+
 def _listener(text: str, protocols: Mapping[str, str], controllers: set[str]) -> tuple[str, int]:
     """(host, port) of the first listener that is not a controller's; PLAINTEXT only."""
     for item in (part.strip() for part in text.split(",") if part.strip()):
@@ -95,6 +102,8 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "log.cleaner.enable": ("log_cleaner_enable", _bool),
     "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", _int(1)),
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _int(1024)),
+    "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second",
+                                            _positive_float),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", _int(1)),
     "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms",
                                                  _int(1)),
@@ -151,7 +160,6 @@ IGNORED_KEYS = frozenset({
     "share.coordinator.state.topic.min.isr", "zookeeper.connect",
     "zookeeper.connection.timeout.ms", "log.flush.interval.messages", "log.flush.interval.ms",
     "log.cleaner.threads", "log.cleaner.io.buffer.size", "log.cleaner.io.buffer.load.factor",
-    "log.cleaner.io.max.bytes.per.second",
 })
 
 
@@ -257,6 +265,8 @@ def effective_broker_configs(config: BrokerConfig) -> dict[str, tuple[str, bool]
 
 
 def _kafka_value(value: Any) -> str:
+    if value == float("inf"):
+        return "1.7976931348623157E308"  # Java's Double.MAX_VALUE: Kafka's "no limit"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

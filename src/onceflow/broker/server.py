@@ -123,7 +123,8 @@ class BrokerServer:
         ]
         if self.config.log_cleaner_enable:
             self.cleaner = LogCleaner(state, self.config.log_cleaner_backoff_ms,
-                                      self.config.log_cleaner_dedupe_buffer_size)
+                                      self.config.log_cleaner_dedupe_buffer_size,
+                                      self.config.log_cleaner_io_max_bytes_per_second)
             self._housekeeping.append(asyncio.ensure_future(self.cleaner.run()))
         for server in self._servers:
             await server.start_serving()

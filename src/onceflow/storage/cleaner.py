@@ -106,6 +106,29 @@ record_keys = _C_KEYS or batch_keys
 record_list = _C_RECORDS or batch_records
 
 
+class Throttler:
+    """Holds the cleaner to `bytes_per_second` of reads and writes, like Kafka's
+    log.cleaner.io.max.bytes.per.second (default: no limit). Sleeps on the cleaner's
+    thread; time is a parameter for tests."""
+
+    def __init__(self, bytes_per_second: float, clock=time.monotonic, sleep=time.sleep) -> None:
+        self.bytes_per_second = bytes_per_second
+        self._clock, self._sleep = clock, sleep
+        self._start = clock()
+        self._bytes = 0
+
+    def __call__(self, size_bytes: int) -> None:
+        if self.bytes_per_second == float("inf"):
+            return
+        self._bytes += size_bytes
+        ahead_s = self._bytes / self.bytes_per_second - (self._clock() - self._start)
+        if ahead_s > 0:
+            self._sleep(ahead_s)
+
+
+UNTHROTTLED = Throttler(float("inf"))
+
+
 class KeyMap:
     """Key -> newest offset, at most `capacity` keys (Kafka's SkimpyOffsetMap, by digest)."""
 
@@ -185,13 +208,15 @@ def needs_cleaning(log: PartitionLog, config: LogConfig, first_dirty: int, upper
     return 0 <= oldest_ms < now_ms - config.max_compaction_lag_ms
 
 
-def _batches(log: PartitionLog, start: int, upper: int) -> Iterator[tuple[BatchHeader, bytes]]:
+def _batches(log: PartitionLog, start: int, upper: int, throttle: Throttler = UNTHROTTLED
+             ) -> Iterator[tuple[BatchHeader, bytes]]:
     """(header, bytes) of every batch in [start, upper), a chunk at a time."""
     offset = max(start, log.log_start_offset)
     while offset < upper:
         chunk = log.read(offset, READ_CHUNK_BYTES, upper)
         if not chunk:
             return
+        throttle(len(chunk))
         time.sleep(0)  # hand the GIL to the event loop between chunks: it never waits long
         for header, batch in iter_batches(chunk):
             if header.last_offset >= offset:
@@ -214,11 +239,11 @@ class _Aborted:
 
 
 def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes: int,
-                  aborted: _Aborted) -> tuple[KeyMap, int]:
+                  aborted: _Aborted, throttle: Throttler = UNTHROTTLED) -> tuple[KeyMap, int]:
     """Step 2: the key map of [first_dirty, upper) and the upper bound it covers."""
     key_map = KeyMap(memory_bytes)
     bases = log.segment_base_offsets
-    for header, batch in _batches(log, first_dirty, upper):
+    for header, batch in _batches(log, first_dirty, upper, throttle):
         if header.is_control or (header.is_transactional and aborted(header)):
             continue
         for record in record_keys(batch):
@@ -249,12 +274,14 @@ def _rebuilt(header: BatchHeader, records: list[Record]) -> list[bytes]:
 
 
 def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: int,
-               upper: int, memory_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT) -> CleanPlan:
+               upper: int, memory_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT,
+               throttle: Throttler = UNTHROTTLED) -> CleanPlan:
     """(any thread; reads only) Steps 2 and 3 over [log start, upper)."""
     start = log.log_start_offset
     aborted_txns = log.aborted_transactions(start, upper)
     aborted = _Aborted(aborted_txns)
-    key_map, upper = build_key_map(log, max(first_dirty, start), upper, memory_bytes, aborted)
+    key_map, upper = build_key_map(log, max(first_dirty, start), upper, memory_bytes, aborted,
+                                   throttle)
     infos = [i for i in log.segment_infos() if i.base_offset < upper]
     bases = [i.base_offset for i in infos]
     expired = {i.base_offset: 0 <= i.max_timestamp_ms < now_ms - config.delete_retention_ms
@@ -269,7 +296,7 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
         plan.next_expiry_ms = when if plan.next_expiry_ms is None else min(
             plan.next_expiry_ms, when)
 
-    for header, batch in _batches(log, start, upper):
+    for header, batch in _batches(log, start, upper, throttle):
         segment = bases[bisect_right(bases, header.base_offset) - 1]
         plan.bytes_before += len(batch)
         if header.is_control:
@@ -328,7 +355,8 @@ def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: i
 
 
 def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[int],
-               now_ms: int, aborted: dict[int, list[AbortedTxn]] | None = None) -> int:
+               now_ms: int, aborted: dict[int, list[AbortedTxn]] | None = None,
+               throttle: Throttler = UNTHROTTLED) -> int:
     """Swaps each changed segment for its kept batches, oldest first (see the module
     docstring); a segment retention deleted meanwhile is skipped. Returns how many were
     swapped. Shared by the coordinator topics' compactor."""
@@ -336,6 +364,6 @@ def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[
     for base in sorted(changed):
         if base not in log.segment_base_offsets:
             continue  # deleted by retention since the plan was made
-        log.replace_segment(base, batches[base], now_ms, (aborted or {}).get(base))
+        throttle(log.replace_segment(base, batches[base], now_ms, (aborted or {}).get(base)))
         swapped += 1
     return swapped

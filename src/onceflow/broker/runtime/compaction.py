@@ -58,6 +58,7 @@ from onceflow.protocol.records import BatchHeader, SimpleRecord, build_batch, it
 from onceflow.storage.cleaner import (
     DEDUPE_BUFFER_BYTES_DEFAULT,
     CleanPlan,
+    Throttler,
     apply_plan,
     cleanable_upper,
     needs_cleaning,
@@ -234,10 +235,12 @@ class LogCleaner:
     after a restart everything counts as dirty once."""
 
     def __init__(self, state: BrokerState, backoff_ms: int,
-                 dedupe_buffer_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT) -> None:
+                 dedupe_buffer_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT,
+                 io_bytes_per_second: float = float("inf")) -> None:
         self._state = state
         self._backoff_ms = backoff_ms
         self._dedupe_buffer_bytes = dedupe_buffer_bytes
+        self._io_bytes_per_second = io_bytes_per_second
         self._first_dirty: dict[tuple[str, int], int] = {}
         self._expiry_ms: dict[tuple[str, int], int | None] = {}
         self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
@@ -299,6 +302,8 @@ class LogCleaner:
     def _clean(self, partition_log: PartitionLog, first_dirty: int, upper: int,
                now: int) -> tuple[CleanPlan, int]:
         """(worker thread) Plan, then swap the changed segments in."""
+        throttle = Throttler(self._io_bytes_per_second)
         plan = plan_clean(partition_log, partition_log.config, now, first_dirty, upper,
-                          self._dedupe_buffer_bytes)
-        return plan, apply_plan(partition_log, plan.batches, plan.changed, now, plan.aborted)
+                          self._dedupe_buffer_bytes, throttle)
+        return plan, apply_plan(partition_log, plan.batches, plan.changed, now, plan.aborted,
+                                throttle)
