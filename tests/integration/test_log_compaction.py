@@ -148,3 +148,25 @@ def test_compaction_with_transactions_keeps_committed_values_and_open_transactio
         after = _by_key(_read_all(bootstrap, topic, "read_committed"))
         for key in KEYS:
             assert after[key][-1] == open_values.get(key, committed[key]), (key, after[key])
+
+
+def test_cleaner_metrics():
+    with Broker(log_cleaner_backoff_ms=CLEANER_BACKOFF_MS) as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, unique("compact-metrics"), config=COMPACT)
+        producer = Producer({"bootstrap.servers": bootstrap})
+        for round_ in range(3):
+            for key in KEYS:
+                producer.produce(topic, f"v{round_}".encode(), key=key)
+        producer.flush(15)
+        ticker = Ticker(bootstrap, topic)
+        metrics = broker._server.state.metrics
+
+        def cleaned() -> bool:
+            text = metrics.render().decode()
+            return f'onceflow_log_cleaner_runs_total{{topic="{topic}"}}' in text
+
+        _wait(cleaned, ticker, "a cleaning counted")
+        text = metrics.render().decode()
+        assert f'onceflow_log_cleaner_dirty_ratio{{partition="0",topic="{topic}"}}' in text
+        assert f'onceflow_log_cleaner_uncleanable_offset{{partition="0",topic="{topic}"}}' in text

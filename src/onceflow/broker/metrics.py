@@ -26,7 +26,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from onceflow.protocol.apis import ApiKey
 
@@ -103,6 +109,14 @@ class BrokerMetrics:
         self._cleaner_segments = Counter(
             "onceflow_log_cleaner_segments_rewritten", "Segments the log cleaner rewrote, "
             "by topic.", ["topic"], registry=self.registry)
+        self._dirty_ratio = Gauge(
+            "onceflow_log_cleaner_dirty_ratio", "A compacted partition's dirty ratio when the "
+            "cleaner last looked (Kafka's max-dirty-percent, per partition).",
+            ["topic", "partition"], registry=self.registry)
+        self._uncleanable = Gauge(
+            "onceflow_log_cleaner_uncleanable_offset", "The first offset the cleaner may not "
+            "touch yet (active segment, open transaction, min.compaction.lag.ms).",
+            ["topic", "partition"], registry=self.registry)
         self._storage_errors = Counter(
             "onceflow_log_storage_errors", "Produce answers KAFKA_STORAGE_ERROR: the partition's "
             "log failed to write or fsync (disk full, I/O error) and is offline for writes until "
@@ -139,6 +153,11 @@ class BrokerMetrics:
         self._child(self._cleaner_runs, topic).inc()
         self._child(self._cleaner_bytes, topic).inc(bytes_read)
         self._child(self._cleaner_segments, topic).inc(segments_rewritten)
+
+    def cleaner_looked(self, topic: str, partition: int, dirty_ratio: float,
+                       uncleanable_offset: int) -> None:
+        self._child(self._dirty_ratio, topic, str(partition)).set(dirty_ratio)
+        self._child(self._uncleanable, topic, str(partition)).set(uncleanable_offset)
 
     def storage_error(self, topic: str) -> None:
         self._child(self._storage_errors, topic).inc()

@@ -61,6 +61,7 @@ from onceflow.storage.cleaner import (
     Throttler,
     apply_plan,
     cleanable_upper,
+    dirty_ratio,
     needs_cleaning,
     plan_clean,
 )
@@ -280,6 +281,9 @@ class LogCleaner:
         upper = cleanable_upper(partition_log, partition.producers.first_unstable_offset(),
                                 now, config)
         first_dirty = max(self._first_dirty.get(key, 0), partition_log.log_start_offset)
+        self._state.metrics.cleaner_looked(
+            partition.topic, partition.index,
+            dirty_ratio(partition_log.segment_infos(), first_dirty, upper), upper)
         if not force and not needs_cleaning(partition_log, config, first_dirty, upper, now,
                                             self._expiry_ms.get(key)):
             return None
