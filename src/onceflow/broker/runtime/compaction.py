@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import weakref
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -242,8 +243,11 @@ class LogCleaner:
         self._backoff_ms = backoff_ms
         self._dedupe_buffer_bytes = dedupe_buffer_bytes
         self._io_bytes_per_second = io_bytes_per_second
-        self._first_dirty: dict[tuple[str, int], int] = {}
-        self._expiry_ms: dict[tuple[str, int], int | None] = {}
+        # Per log object, not per name: a topic deleted and created again starts afresh.
+        self._first_dirty: weakref.WeakKeyDictionary[PartitionLog, int] = (
+            weakref.WeakKeyDictionary())
+        self._expiry_ms: weakref.WeakKeyDictionary[PartitionLog, int | None] = (
+            weakref.WeakKeyDictionary())
         self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
         self._closed = False
 
@@ -276,23 +280,23 @@ class LogCleaner:
     async def clean_partition(self, partition: PartitionState, *,
                               force: bool = False) -> Cleaned | None:
         """Cleans one partition if it needs it (or `force`); None when it did not."""
-        key, partition_log = (partition.topic, partition.index), partition.log
+        partition_log = partition.log
         config, now = partition_log.config, now_ms()
         upper = cleanable_upper(partition_log, partition.producers.first_unstable_offset(),
                                 now, config)
-        first_dirty = max(self._first_dirty.get(key, 0), partition_log.log_start_offset)
+        first_dirty = max(self._first_dirty.get(partition_log, 0), partition_log.log_start_offset)
         self._state.metrics.cleaner_looked(
             partition.topic, partition.index,
             dirty_ratio(partition_log.segment_infos(), first_dirty, upper), upper)
         if not force and not needs_cleaning(partition_log, config, first_dirty, upper, now,
-                                            self._expiry_ms.get(key)):
+                                            self._expiry_ms.get(partition_log)):
             return None
         if upper <= partition_log.log_start_offset:
             return None
         plan, swapped = await asyncio.to_thread(self._clean, partition_log, first_dirty,
                                                 upper, now)
-        self._first_dirty[key] = plan.upper_offset
-        self._expiry_ms[key] = plan.next_expiry_ms
+        self._first_dirty[partition_log] = plan.upper_offset
+        self._expiry_ms[partition_log] = plan.next_expiry_ms
         done = Cleaned(partition.topic, partition.index, plan.upper_offset, swapped,
                        plan.records_before, plan.records_kept, plan.bytes_before,
                        partition_log.size_bytes)
