@@ -249,8 +249,14 @@ def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes:
         for record in record_keys(batch):
             if record.key is not None and not key_map.put(record.key, record.offset):
                 full_at = bases[bisect_right(bases, header.base_offset) - 1]
-                logger.info("%s: key map full (%d keys) at offset %d; cleaning up to %d",
-                            log.directory.name, len(key_map), record.offset, full_at)
+                if full_at <= first_dirty:
+                    # Kafka's cleaner gives up on such a partition the same way.
+                    logger.warning("%s: the key map (%d keys, log.cleaner.dedupe.buffer.size) "
+                                   "cannot hold the keys of one segment; not cleaned",
+                                   log.directory.name, len(key_map))
+                else:
+                    logger.info("%s: key map full (%d keys) at offset %d; cleaning up to %d",
+                                log.directory.name, len(key_map), record.offset, full_at)
                 return key_map, full_at
     return key_map, upper
 
