@@ -9,6 +9,8 @@ ever cleans closed segments.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import time
 from collections import Counter
 
@@ -170,3 +172,41 @@ def test_cleaner_metrics():
         text = metrics.render().decode()
         assert f'onceflow_log_cleaner_dirty_ratio{{partition="0",topic="{topic}"}}' in text
         assert f'onceflow_log_cleaner_uncleanable_offset{{partition="0",topic="{topic}"}}' in text
+
+
+def _cleaner_pids(broker: Broker) -> set[int]:
+    pool = broker._server.cleaner._pool
+    return set(pool._processes or ()) if pool is not None else set()
+
+
+def test_cleaner_process_killed_mid_cleaning_leaves_the_log_intact_and_is_replaced():
+    """The cleaner's child process, killed while it reads and stages (its I/O throttled so
+    that a cleaning lasts seconds): the log reads as before, and a new child cleans."""
+    with Broker(log_cleaner_backoff_ms=CLEANER_BACKOFF_MS,
+                log_cleaner_io_max_bytes_per_second=50_000) as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, unique("compact-kill"), config=COMPACT)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for round_ in range(20):
+            for key in KEYS:
+                producer.produce(topic, f"{key.decode()}-v{round_}".encode().ljust(500, b"."),
+                                 key=key)
+        assert producer.flush(15) == 0
+        ticker = Ticker(bootstrap, topic)
+        cleaner = broker._server.cleaner
+        _wait(lambda: _cleaner_pids(broker) and not cleaner.history, ticker,
+              "the first cleaning under way in the child")
+        (killed,) = _cleaner_pids(broker)
+        os.kill(killed, signal.SIGKILL)
+        before = _read_all(bootstrap, topic, "read_uncommitted")
+        offsets = [offset for offset, _, _ in before]
+        assert offsets == sorted(set(offsets)), "offsets kept, in order, none twice"
+        expected = {key: f"{key.decode()}-v19".encode().ljust(500, b".") for key in KEYS}
+        assert {key: values[-1] for key, values in _by_key(before).items()} == expected
+
+        def compacted() -> bool:
+            return _by_key(_read_all(bootstrap, topic, "read_uncommitted")) == {
+                key: [value] for key, value in expected.items()}
+
+        _wait(compacted, ticker, "each key once, cleaned by a new child")
+        assert cleaner.history and killed not in _cleaner_pids(broker)

@@ -46,14 +46,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
 import time
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from onceflow.protocol.compression import KeyedRecord, batch_keys, batch_records, plain_batch
 from onceflow.protocol.errors import CorruptRecord
 from onceflow.protocol.records import (
+    LOG_OVERHEAD_BYTES,
     BatchHeader,
     Record,
     SimpleRecord,
@@ -63,7 +67,10 @@ from onceflow.protocol.records import (
     iter_batches,
 )
 from onceflow.storage.config import LogConfig
+from onceflow.storage.layout import LOG_SUFFIX, segment_path
 from onceflow.storage.log import PartitionLog, SegmentInfo
+from onceflow.storage.recovery import index_entries_max
+from onceflow.storage.rewrite import STAGING_DIR, stage_segment
 from onceflow.storage.txn_index import AbortedTxn
 
 logger = logging.getLogger(__name__)
@@ -208,9 +215,93 @@ def needs_cleaning(log: PartitionLog, config: LogConfig, first_dirty: int, upper
     return 0 <= oldest_ms < now_ms - config.max_compaction_lag_ms
 
 
-def _batches(log: PartitionLog, start: int, upper: int, throttle: Throttler = UNTHROTTLED
-             ) -> Iterator[tuple[BatchHeader, bytes]]:
+class LogFiles:
+    """What a cleaning reads of a partition, as plain data another process can take: the
+    directory, the log start, every segment's `SegmentInfo` and the aborted transactions
+    of the cleaned range, taken by the broker (`of`) when the cleaning starts. Offers the
+    part of `PartitionLog` that `plan_clean` reads; the closed segments below the cleaned
+    range's end do not change while their files are read (only this cleaning rewrites
+    them, appends go to the active segment, and a segment retention deletes meanwhile
+    fails the cleaning, which is retried next round)."""
+
+    def __init__(self, directory: Path, log_start_offset: int, infos: list[SegmentInfo],
+                 aborted: list[AbortedTxn]) -> None:
+        self.directory = directory
+        self.log_start_offset = log_start_offset
+        self._infos = infos
+        self._aborted = aborted
+
+    @classmethod
+    def of(cls, log: PartitionLog, upper: int) -> LogFiles:
+        infos = log.segment_infos()
+        start = log.log_start_offset
+        return cls(log.directory, start, infos, log.aborted_transactions(start, upper))
+
+    @property
+    def segment_base_offsets(self) -> list[int]:
+        return [info.base_offset for info in self._infos]
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        return list(self._infos)
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        return [txn for txn in self._aborted
+                if txn.last_offset >= fetch_offset and txn.first_offset < upper_offset]
+
+    def batches(self, start: int, upper: int, throttle: Throttler
+                ) -> Iterator[tuple[BatchHeader, bytes]]:
+        """(header, bytes) of every batch in [start, upper), read from the segment files
+        a chunk at a time (never past a segment's size when the broker looked)."""
+        for info in self._infos:
+            if info.base_offset >= upper:
+                return
+            if info.next_offset <= start:
+                continue
+            path = segment_path(self.directory, info.base_offset, LOG_SUFFIX)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise ValueError(f"{path.name}: deleted while the cleaner read it") from None
+            try:
+                position = 0
+                while position < info.size_bytes:
+                    chunk = os.pread(fd, min(READ_CHUNK_BYTES, info.size_bytes - position),
+                                     position)
+                    whole = _whole_batches(chunk)
+                    if whole == 0 and len(chunk) >= LOG_OVERHEAD_BYTES:  # one large batch
+                        whole = LOG_OVERHEAD_BYTES + int.from_bytes(chunk[8:12], "big")
+                        chunk = os.pread(fd, whole, position)
+                    if whole == 0 or len(chunk) < whole:
+                        raise CorruptRecord(f"{path.name}: short read at {position}")
+                    throttle(whole)
+                    for header, batch in iter_batches(memoryview(chunk)[:whole]):
+                        if header.base_offset >= upper:
+                            return
+                        if header.last_offset >= start:
+                            yield header, bytes(batch)
+                    position += whole
+            finally:
+                os.close(fd)
+
+
+def _whole_batches(chunk: bytes) -> int:
+    """How many leading bytes of `chunk` are whole batches (by their length fields)."""
+    position = 0
+    while position + LOG_OVERHEAD_BYTES <= len(chunk):
+        end = (position + LOG_OVERHEAD_BYTES
+               + int.from_bytes(chunk[position + 8:position + 12], "big"))
+        if end > len(chunk) or end <= position + LOG_OVERHEAD_BYTES:
+            break
+        position = end
+    return position
+
+
+def _batches(log: PartitionLog | LogFiles, start: int, upper: int,
+             throttle: Throttler = UNTHROTTLED) -> Iterator[tuple[BatchHeader, bytes]]:
     """(header, bytes) of every batch in [start, upper), a chunk at a time."""
+    if isinstance(log, LogFiles):
+        yield from log.batches(max(start, log.log_start_offset), upper, throttle)
+        return
     offset = max(start, log.log_start_offset)
     while offset < upper:
         chunk = log.read(offset, READ_CHUNK_BYTES, upper)
@@ -238,7 +329,7 @@ class _Aborted:
                    for first, last in self._ranges.get(header.producer_id, ()))
 
 
-def build_key_map(log: PartitionLog, first_dirty: int, upper: int, memory_bytes: int,
+def build_key_map(log: PartitionLog | LogFiles, first_dirty: int, upper: int, memory_bytes: int,
                   aborted: _Aborted, throttle: Throttler = UNTHROTTLED) -> tuple[KeyMap, int]:
     """Step 2: the key map of [first_dirty, upper) and the upper bound it covers."""
     key_map = KeyMap(memory_bytes)
@@ -279,7 +370,7 @@ def _rebuilt(header: BatchHeader, records: list[Record]) -> list[bytes]:
     return out
 
 
-def plan_clean(log: PartitionLog, config: LogConfig, now_ms: int, first_dirty: int,
+def plan_clean(log: PartitionLog | LogFiles, config: LogConfig, now_ms: int, first_dirty: int,
                upper: int, memory_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT,
                throttle: Throttler = UNTHROTTLED) -> CleanPlan:
     """(any thread; reads only) Steps 2 and 3 over [log start, upper)."""
@@ -373,3 +464,80 @@ def apply_plan(log: PartitionLog, batches: dict[int, list[bytes]], changed: set[
         throttle(log.replace_segment(base, batches[base], now_ms, (aborted or {}).get(base)))
         swapped += 1
     return swapped
+
+
+@dataclass(frozen=True)
+class StagedClean:
+    """What `clean_files` did, as plain data: the plan's figures and, for each changed
+    segment, where its cleaned copy is staged."""
+
+    upper_offset: int
+    records_before: int
+    records_kept: int
+    bytes_before: int
+    next_expiry_ms: int | None
+    # (segment base, staging directory, no batches left, its aborted-txn index replaced)
+    staged: list[tuple[int, str, bool, bool]]
+
+
+def clean_files(files: LogFiles, config: LogConfig, now_ms: int, first_dirty: int,
+                upper: int, memory_bytes: int, io_bytes_per_second: float,
+                token: str) -> StagedClean:
+    """(the cleaner's child process) Steps 2 and 3 over the files, then every changed
+    segment staged (written and fsync'd) under `.cleaned/<token>-<base>/`, oldest first.
+    Touches nothing the broker reads: the broker installs the staged segments
+    (`install_staged`)."""
+    throttle = Throttler(io_bytes_per_second)
+    plan = plan_clean(files, config, now_ms, first_dirty, upper, memory_bytes, throttle)
+    bases = files.segment_base_offsets
+    staged = []
+    for base in sorted(plan.changed):
+        next_base = bases[bases.index(base) + 1]
+        staging = files.directory / STAGING_DIR / f"{token}-{base}"
+        batches = plan.batches[base]
+        stage_segment(files.directory, base, next_base, batches, config.index_interval_bytes,
+                      index_entries_max(config), now_ms, plan.aborted.get(base), staging)
+        throttle(sum(map(len, batches)))
+        staged.append((base, str(staging), not batches, base in plan.aborted))
+    return StagedClean(plan.upper_offset, plan.records_before, plan.records_kept,
+                       plan.bytes_before, plan.next_expiry_ms, staged)
+
+
+def install_staged(log: PartitionLog, done: StagedClean, now_ms: int) -> int:
+    """(broker) Swaps `clean_files`' staged segments in, oldest first (a segment retention
+    deleted meanwhile is skipped); whatever is left staged is removed. Returns how many
+    segments were swapped."""
+    swapped = 0
+    try:
+        for base, staging, empty, replace_txn_index in done.staged:
+            if base not in log.segment_base_offsets:
+                continue
+            log.install_staged(base, Path(staging), empty, replace_txn_index, now_ms)
+            swapped += 1
+    finally:
+        for _, staging, _, _ in done.staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    return swapped
+
+
+CHILD_NICE = 10  # the cleaner's process yields the CPU to the broker's (Unix nice)
+
+
+def die_with_parent(broker_pid: int) -> None:
+    """(child process initializer, Linux) SIGKILL this process when the broker that
+    started it dies, so a killed broker leaves no cleaner writing behind it; and lower
+    its CPU priority: cleaning is background work, produce and fetch come first when the
+    cores are busy (a starved cleaner only cleans later)."""
+    try:
+        os.nice(CHILD_NICE)
+    except OSError:
+        pass
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != broker_pid:  # already orphaned before the prctl
+        os._exit(1)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -520,11 +521,27 @@ class PartitionLog:
         staging = stage_segment(self.directory, base_offset, upper, batches,
                                 config.index_interval_bytes, index_entries_max(config), now_ms,
                                 aborted)
+        return self.install_staged(base_offset, staging, False, aborted is not None, now_ms)
+
+    def install_staged(self, base_offset: int, staging: Path, empty: bool,
+                       replace_txn_index: bool, now_ms: int) -> int:
+        """The second half of `replace_segment`, under the locks: swaps in the segment
+        `stage_segment` wrote to `staging` for the closed segment at `base_offset`; an
+        `empty` one deletes the segment instead unless it is the first. For a staging done
+        elsewhere (the log cleaner's child process). Returns the segment's new size."""
+        config = self.config
         with self._flush_lock, self._lock:
             self._check_writable()
             index = self._closed_segment_index(base_offset)  # retention may have moved it
             old = self._segments[index]
-            install_segment(self.directory, staging, base_offset, aborted is not None)
+            if empty and index > 0:
+                self._segments = self._segments[:index] + self._segments[index + 1:]
+                self._bases = self._bases[:index] + self._bases[index + 1:]
+                old.delete()
+                self._dir_dirty = True
+                shutil.rmtree(staging, ignore_errors=True)
+                return 0
+            install_segment(self.directory, staging, base_offset, replace_txn_index)
             new = Segment.open_existing(self.directory, base_offset,
                                         config.index_interval_bytes, index_entries_max(config))
             if not new.load_trusted(now_ms):

@@ -20,6 +20,10 @@ offset range. The cleaner must rewrite segments oldest first (a record it drops 
 old segment is superseded by one it keeps in a newer segment, so a crash between two
 segments never resurrects a deleted key). The staging directory is wiped before each use,
 so a crash during staging leaves nothing that matters (recovery ignores directories).
+The log cleaner of user topics stages in its own process (storage/cleaner.py
+`clean_files`), one directory per segment under `.cleaned/` named by a token of that
+cleaning, and the broker installs them; a staged segment is only ever installed by the
+cleaning that wrote it, so a child killed mid-write leaves nothing anyone installs.
 """
 
 from __future__ import annotations
@@ -44,15 +48,16 @@ STAGING_DIR = ".cleaned"
 
 def stage_segment(directory: Path, base_offset: int, upper_offset: int, batches: list,
                   interval_bytes: int, index_entries_max: int, now_ms: int,
-                  aborted: list[AbortedTxn] | None = None) -> Path:
-    """Write `batches` as a fsync'd segment at `base_offset` in the staging directory,
-    with `aborted` as its aborted-transaction index when given.
+                  aborted: list[AbortedTxn] | None = None, staging: Path | None = None) -> Path:
+    """Write `batches` as a fsync'd segment at `base_offset` in the staging directory
+    (`staging`, by default `<partition>/.cleaned/`), with `aborted` as its
+    aborted-transaction index when given.
 
     Every batch must lie in [base_offset, upper_offset) (the next segment's base) and
     offsets must increase; they are kept exactly. Returns the staging directory."""
-    staging = directory / STAGING_DIR
+    staging = staging or directory / STAGING_DIR
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging.mkdir(parents=True)
     segment = Segment.create(staging, base_offset, interval_bytes, index_entries_max)
     try:
         next_offset = base_offset

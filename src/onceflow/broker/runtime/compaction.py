@@ -45,8 +45,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
+import multiprocessing
+import os
+import shutil
 import weakref
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -58,15 +64,17 @@ from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import BatchHeader, SimpleRecord, build_batch, iter_batches
 from onceflow.storage.cleaner import (
     DEDUPE_BUFFER_BYTES_DEFAULT,
-    CleanPlan,
-    Throttler,
+    LogFiles,
     apply_plan,
+    clean_files,
     cleanable_upper,
+    die_with_parent,
     dirty_ratio,
+    install_staged,
     needs_cleaning,
-    plan_clean,
 )
 from onceflow.storage.layout import StorageError
+from onceflow.storage.rewrite import STAGING_DIR
 from onceflow.storage.log import PartitionLog
 
 if TYPE_CHECKING:
@@ -231,8 +239,11 @@ class Cleaned:
 
 class LogCleaner:
     """Cleans the partitions of compacted user topics (cleanup.policy contains compact)
-    every log.cleaner.backoff.ms, one partition after the other, reading and rewriting on
-    a worker thread so that produce and fetch never wait for it. What it remembers
+    every log.cleaner.backoff.ms, one partition after the other. The heavy part - reading
+    the segments, the key map, writing and fsyncing the cleaned segments - runs in a
+    child process (`storage.cleaner.clean_files`, started when the first compacted
+    partition is seen, at a lower CPU priority), so its CPU never holds the broker's GIL; the broker only swaps the staged segments in
+    (`install_staged`, on a worker thread) and keeps the bookkeeping. What it remembers
     (where each partition's dirty part starts, when a kept tombstone expires) is a cache:
     after a restart everything counts as dirty once."""
 
@@ -249,6 +260,9 @@ class LogCleaner:
         self._expiry_ms: weakref.WeakKeyDictionary[PartitionLog, int | None] = (
             weakref.WeakKeyDictionary())
         self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
+        self._pool: ProcessPoolExecutor | None = None
+        self.child_ready: Future[int] | None = None
+        self._tokens = itertools.count()
         self._closed = False
 
     async def run(self) -> None:
@@ -258,6 +272,7 @@ class LogCleaner:
 
     def close(self) -> None:
         self._closed = True
+        self._drop_executor()
 
     async def clean_dirty(self) -> list[Cleaned]:
         done = []
@@ -266,9 +281,10 @@ class LogCleaner:
                 break
             if partition.topic in INTERNAL_TOPICS or not partition.log.config.compacts:
                 continue
+            self._executor()  # the child starts with the first compacted partition seen
             try:
                 cleaned = await self.clean_partition(partition)
-            except (RecordError, StorageError, ValueError) as exc:
+            except (RecordError, StorageError, ValueError, OSError) as exc:
                 # A failed or closed log, a batch we cannot decode, a segment deleted by
                 # retention meanwhile: the old segments stay; retried next round.
                 log.warning("cleaning %s-%d failed: %s", partition.topic, partition.index, exc)
@@ -293,25 +309,46 @@ class LogCleaner:
             return None
         if upper <= partition_log.log_start_offset:
             return None
-        plan, swapped = await asyncio.to_thread(self._clean, partition_log, first_dirty,
-                                                upper, now)
-        self._first_dirty[partition_log] = plan.upper_offset
-        self._expiry_ms[partition_log] = plan.next_expiry_ms
-        done = Cleaned(partition.topic, partition.index, plan.upper_offset, swapped,
-                       plan.records_before, plan.records_kept, plan.bytes_before,
+        files = LogFiles.of(partition_log, upper)
+        # What a killed child staged earlier is never installed: clear it away.
+        shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
+        token = f"{os.getpid()}-{next(self._tokens)}"
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._executor(), clean_files, files, config, now, first_dirty, upper,
+                self._dedupe_buffer_bytes, self._io_bytes_per_second, token)
+        except BrokenProcessPool:
+            # The child died (killed, out of memory): nothing it staged is installed, the
+            # log is as it was; a new child cleans next round.
+            self._drop_executor()
+            shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
+            raise StorageError("the cleaner's process died") from None
+        swapped = await asyncio.to_thread(install_staged, partition_log, result, now)
+        self._first_dirty[partition_log] = result.upper_offset
+        self._expiry_ms[partition_log] = result.next_expiry_ms
+        done = Cleaned(partition.topic, partition.index, result.upper_offset, swapped,
+                       result.records_before, result.records_kept, result.bytes_before,
                        partition_log.size_bytes)
-        self._state.metrics.log_cleaned(partition.topic, plan.bytes_before, swapped)
+        self._state.metrics.log_cleaned(partition.topic, result.bytes_before, swapped)
         self.history.append(done)
         log.info("cleaned %s-%d up to %d: %d segments rewritten, %d of %d records kept",
-                 partition.topic, partition.index, plan.upper_offset, swapped,
-                 plan.records_kept, plan.records_before)
+                 partition.topic, partition.index, result.upper_offset, swapped,
+                 result.records_kept, result.records_before)
         return done
 
-    def _clean(self, partition_log: PartitionLog, first_dirty: int, upper: int,
-               now: int) -> tuple[CleanPlan, int]:
-        """(worker thread) Plan, then swap the changed segments in."""
-        throttle = Throttler(self._io_bytes_per_second)
-        plan = plan_clean(partition_log, partition_log.config, now, first_dirty, upper,
-                          self._dedupe_buffer_bytes, throttle)
-        return plan, apply_plan(partition_log, plan.batches, plan.changed, now, plan.aborted,
-                                throttle)
+    def _executor(self) -> ProcessPoolExecutor:
+        """The cleaner's child process, started at the first cleaning (spawned: a fresh
+        interpreter, its own GIL, so the broker's event loop never waits on cleaning)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent, initargs=(os.getpid(),))
+            # Starts it now: its imports (about a second of CPU) are not the first
+            # cleaning's wait. Done when the child is ready (benchmarks wait for it).
+            self.child_ready = self._pool.submit(os.getpid)
+        return self._pool
+
+    def _drop_executor(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
