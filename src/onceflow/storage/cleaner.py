@@ -270,6 +270,9 @@ class LogFiles:
                     whole = _whole_batches(chunk)
                     if whole == 0 and len(chunk) >= LOG_OVERHEAD_BYTES:  # one large batch
                         whole = LOG_OVERHEAD_BYTES + int.from_bytes(chunk[8:12], "big")
+                        if whole > info.size_bytes - position:
+                            raise CorruptRecord(f"{path.name}: batch at {position} runs "
+                                                f"past the segment's end")
                         chunk = os.pread(fd, whole, position)
                     if whole == 0 or len(chunk) < whole:
                         raise CorruptRecord(f"{path.name}: short read at {position}")

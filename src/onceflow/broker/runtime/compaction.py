@@ -320,6 +320,8 @@ class LogCleaner:
         except BrokenProcessPool:
             # The child died (killed, out of memory): nothing it staged is installed, the
             # log is as it was; a new child cleans next round.
+            if self._closed:
+                return None  # killed by close()
             self._drop_executor()
             shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
             raise StorageError("the cleaner's process died") from None
@@ -349,6 +351,14 @@ class LogCleaner:
         return self._pool
 
     def _drop_executor(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Stops the child at once, even in the middle of a cleaning: what it staged is
+        never installed (and is removed by the next cleaning), so no need to wait."""
+        pool, self._pool, self.child_ready = self._pool, None, None
+        if pool is None:
+            return
+        children = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(5)
