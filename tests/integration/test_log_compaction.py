@@ -194,7 +194,8 @@ def test_cleaner_process_killed_mid_cleaning_leaves_the_log_intact_and_is_replac
         assert producer.flush(15) == 0
         ticker = Ticker(bootstrap, topic)
         cleaner = broker._server.cleaner
-        _wait(lambda: _cleaner_pids(broker) and not cleaner.history, ticker,
+        _wait(lambda: (cleaner.cleaning_now is not None and cleaner.child_ready is not None
+                       and cleaner.child_ready.done() and not cleaner.history), ticker,
               "the first cleaning under way in the child")
         (killed,) = _cleaner_pids(broker)
         os.kill(killed, signal.SIGKILL)

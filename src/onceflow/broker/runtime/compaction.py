@@ -262,6 +262,7 @@ class LogCleaner:
         self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
         self._pool: ProcessPoolExecutor | None = None
         self.child_ready: Future[int] | None = None
+        self.cleaning_now: tuple[str, int] | None = None  # (topic, partition) in the child
         self._tokens = itertools.count()
         self._closed = False
 
@@ -313,6 +314,7 @@ class LogCleaner:
         # What a killed child staged earlier is never installed: clear it away.
         shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
         token = f"{os.getpid()}-{next(self._tokens)}"
+        self.cleaning_now = (partition.topic, partition.index)
         try:
             result = await asyncio.get_running_loop().run_in_executor(
                 self._executor(), clean_files, files, config, now, first_dirty, upper,
@@ -325,6 +327,8 @@ class LogCleaner:
             self._drop_executor()
             shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
             raise StorageError("the cleaner's process died") from None
+        finally:
+            self.cleaning_now = None
         swapped = await asyncio.to_thread(install_staged, partition_log, result, now)
         self._first_dirty[partition_log] = result.upper_offset
         self._expiry_ms[partition_log] = result.next_expiry_ms
