@@ -144,12 +144,12 @@ def test_retention_by_time_deletes_old_segments_never_active(open_log):
     for i in range(6):
         log.append([make_batch(1, base_timestamp_ms=NOW_MS + 1000 * i)], NOW_MS)
     assert log.segment_base_offsets == [0, 2, 4]
-    assert log.enforce_retention(NOW_MS + 1000) == 0
-    assert log.enforce_retention(NOW_MS + 2001) == 1  # segment 0 newest = NOW+1000
+    assert log.enforce_retention(NOW_MS + 1000).segments_deleted == 0
+    assert log.enforce_retention(NOW_MS + 2001).segments_deleted == 1  # segment 0 newest = NOW+1000
     assert log.log_start_offset == 2
     with pytest.raises(OffsetOutOfRange):
         log.read(1, 100, 100)
-    assert log.enforce_retention(NOW_MS + 10**9) == 1  # the active segment stays
+    assert log.enforce_retention(NOW_MS + 10**9).segments_deleted == 1  # the active segment stays
     assert log.segment_base_offsets == [4] and log.log_start_offset == 4
     assert read_header(log.read(4, 1 << 20, 100)).base_offset == 4
 
@@ -158,15 +158,15 @@ def test_retention_by_size(open_log):
     size = len(make_batch(1))
     log = open_log(LogConfig(segment_bytes=size * 2, retention_ms=-1, retention_bytes=size * 3))
     append_n(log, [1] * 7)  # segments [0,1] [2,3] [4,5] [6]
-    assert log.enforce_retention(NOW_MS) == 2  # 7 -> 3 batches' worth is the floor
+    assert log.enforce_retention(NOW_MS).segments_deleted == 2  # 7 -> 3 batches' worth is the floor
     assert log.segment_base_offsets == [4, 6] and log.size_bytes == size * 3
-    assert log.enforce_retention(NOW_MS) == 0
+    assert log.enforce_retention(NOW_MS).segments_deleted == 0
 
 
 def test_retention_skipped_for_compact_policy(open_log):
     log = open_log(LogConfig(segment_bytes=100, retention_ms=0, cleanup_policy="compact"))
     append_n(log, [1] * 4)
-    assert log.enforce_retention(NOW_MS + 10**9) == 0
+    assert log.enforce_retention(NOW_MS + 10**9).segments_deleted == 0
 
 
 def test_delete_records_before(open_log):

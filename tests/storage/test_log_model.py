@@ -181,7 +181,7 @@ class LogMachine(RuleBasedStateMachine):
         bases = self.log.segment_base_offsets
         below_start = sum(1 for b in bases[1:] if b <= self.log_start)  # deleted whatever the size
         before = self.log.size_bytes
-        deleted = self.log.enforce_retention(self.now_ms)
+        deleted = self.log.enforce_retention(self.now_ms).segments_deleted
         assert deleted >= below_start
         if deleted > below_start:
             assert self.log.size_bytes >= retention_bytes and self.log.size_bytes < before

@@ -41,6 +41,16 @@ class BrokerConfig:
     default_replication_factor: int = 1     # default.replication.factor
     message_max_bytes: int = 1_048_588      # message.max.bytes (topic default)
     retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+    # The log cleaner of compacted user topics (issue 14), Kafka's names and defaults:
+    log_cleaner_enable: bool = True                      # log.cleaner.enable
+    log_cleaner_backoff_ms: int = 15_000                 # log.cleaner.backoff.ms
+    log_cleaner_dedupe_buffer_size: int = 134_217_728    # log.cleaner.dedupe.buffer.size
+    # log.cleaner.io.max.bytes.per.second (Kafka: Double.MAX_VALUE, no limit)
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
+    # Topic config defaults from the broker's log.* keys (log.retention.hours=1 gives
+    # ("retention.ms", "3600000")), under every topic's own configs; see config_file.py.
+    log_defaults: tuple[tuple[str, str], ...] = ()
+    static_keys: frozenset[str] = frozenset()  # Kafka keys set by --config (DescribeConfigs)
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms (1 day)
     producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
     # Opt-in HTTP admin endpoint (fault injection, Prometheus /metrics); None = off, 0 = any port.

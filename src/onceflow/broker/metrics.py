@@ -26,7 +26,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from onceflow.protocol.apis import ApiKey
 
@@ -88,6 +94,33 @@ class BrokerMetrics:
             registry=self.registry)
         self._faults = Counter("onceflow_faults_injected", "Faults injected, by kind and request.",
                                ["kind", "request"], registry=self.registry)
+        self._retention_segments = Counter(
+            "onceflow_log_retention_segments_deleted", "Segments deleted by retention or "
+            "DeleteRecords, by topic.", ["topic"], registry=self.registry)
+        self._retention_bytes = Counter(
+            "onceflow_log_retention_bytes_deleted", "Bytes of segments deleted by retention "
+            "or DeleteRecords, by topic.", ["topic"], registry=self.registry)
+        self._cleaner_runs = Counter(
+            "onceflow_log_cleaner_runs", "Cleanings of a compacted topic's partition, by topic.",
+            ["topic"], registry=self.registry)
+        self._cleaner_bytes = Counter(
+            "onceflow_log_cleaner_bytes_read", "Bytes the log cleaner read (the cleaned range), "
+            "by topic.", ["topic"], registry=self.registry)
+        self._cleaner_segments = Counter(
+            "onceflow_log_cleaner_segments_rewritten", "Segments the log cleaner rewrote, "
+            "by topic.", ["topic"], registry=self.registry)
+        self._dirty_ratio = Gauge(
+            "onceflow_log_cleaner_dirty_ratio", "A compacted partition's dirty ratio when the "
+            "cleaner last looked (Kafka's max-dirty-percent, per partition).",
+            ["topic", "partition"], registry=self.registry)
+        self._uncleanable = Gauge(
+            "onceflow_log_cleaner_uncleanable_offset", "The first offset the cleaner may not "
+            "touch yet (active segment, open transaction, min.compaction.lag.ms).",
+            ["topic", "partition"], registry=self.registry)
+        self._storage_errors = Counter(
+            "onceflow_log_storage_errors", "Produce answers KAFKA_STORAGE_ERROR: the partition's "
+            "log failed to write or fsync (disk full, I/O error) and is offline for writes until "
+            "a restart.", ["topic"], registry=self.registry)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
@@ -111,6 +144,23 @@ class BrokerMetrics:
 
     def fault_injected(self, kind: str, api_key: int | None) -> None:
         self._child(self._faults, kind, "*" if api_key is None else request_name(api_key)).inc()
+
+    def segments_deleted(self, topic: str, segments: int, size_bytes: int) -> None:
+        self._child(self._retention_segments, topic).inc(segments)
+        self._child(self._retention_bytes, topic).inc(size_bytes)
+
+    def log_cleaned(self, topic: str, bytes_read: int, segments_rewritten: int) -> None:
+        self._child(self._cleaner_runs, topic).inc()
+        self._child(self._cleaner_bytes, topic).inc(bytes_read)
+        self._child(self._cleaner_segments, topic).inc(segments_rewritten)
+
+    def cleaner_looked(self, topic: str, partition: int, dirty_ratio: float,
+                       uncleanable_offset: int) -> None:
+        self._child(self._dirty_ratio, topic, str(partition)).set(dirty_ratio)
+        self._child(self._uncleanable, topic, str(partition)).set(uncleanable_offset)
+
+    def storage_error(self, topic: str) -> None:
+        self._child(self._storage_errors, topic).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import ssl
 
@@ -41,6 +42,7 @@ from onceflow.broker.connection import Connections
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import load_all
 from onceflow.broker.pipeline import RequestPipeline
+from onceflow.broker.runtime.compaction import LogCleaner
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState
@@ -54,10 +56,13 @@ ADMIN_CALL_TIMEOUT_S = 10.0
 
 
 async def _every(interval_ms: int, job) -> None:
-    """Run `job()` every `interval_ms`, for ever (cancelled at stop)."""
+    """Run `job()` (a function or a coroutine function) every `interval_ms`, for ever
+    (cancelled at stop)."""
     while True:
         await asyncio.sleep(interval_ms / 1000)
-        job()
+        result = job()
+        if inspect.isawaitable(result):
+            await result
 
 
 class BrokerServer:
@@ -73,6 +78,7 @@ class BrokerServer:
         self.state: BrokerState | None = None
         self.groups: GroupRuntime | None = None  # consumer groups (issue 4)
         self.txns: TxnRuntime | None = None  # transactions (issue 5)
+        self.cleaner: LogCleaner | None = None  # compacted user topics (issue 14)
         self.connections: Connections | None = None
         self.access: Access | None = None  # users, ACLs, authorizer (issue 13)
         self.admin: AdminFrontend | None = None
@@ -128,6 +134,11 @@ class BrokerServer:
             asyncio.ensure_future(_every(self.config.producer_id_expiration_check_interval_ms,
                                          state.expire_producers)),
         ]
+        if self.config.log_cleaner_enable:
+            self.cleaner = LogCleaner(state, self.config.log_cleaner_backoff_ms,
+                                      self.config.log_cleaner_dedupe_buffer_size,
+                                      self.config.log_cleaner_io_max_bytes_per_second)
+            self._housekeeping.append(asyncio.ensure_future(self.cleaner.run()))
         for server in self._servers:
             await server.start_serving()
         if self.config.admin_port is not None:
@@ -174,6 +185,8 @@ class BrokerServer:
         return None if self.admin is None else self.admin.url
 
     async def stop(self) -> None:
+        if self.cleaner is not None:
+            self.cleaner.close()
         for task in self._housekeeping:
             task.cancel()
         if self.admin is not None:

@@ -40,7 +40,8 @@ from onceflow.broker.config import BrokerConfig
 from onceflow.broker.metrics import BrokerMetrics
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
 from onceflow.storage.group_commit import GroupCommitter
-from onceflow.storage.log import AppendInfo, PartitionLog
+from onceflow.storage.layout import StorageError
+from onceflow.storage.log import AppendInfo, PartitionLog, RetentionResult
 from onceflow.storage.producer_ids import ProducerIdAllocator
 from onceflow.storage.producer_state import (
     AppendOrigin,
@@ -167,7 +168,8 @@ class BrokerState:
         self.config = config
         self.cluster = cluster
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-        self.store = Store(Path(config.data_dir), now_ms())
+        self.store = Store(Path(config.data_dir), now_ms(),
+                           log_defaults=dict(config.log_defaults))
         self.committer = GroupCommitter(fsync_enabled=config.fsync)
         self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
                                                 fsync=config.fsync)
@@ -218,13 +220,15 @@ class BrokerState:
         for key in [k for k in self._partitions if k[0] == name]:
             self._partitions.pop(key).notify()
 
-    def enforce_retention(self) -> None:
-        now = now_ms()
-        for name, info in self.topics().items():
-            for index in range(info.num_partitions):
-                partition = self.partition(name, index)
-                if partition is not None:
-                    partition.log.enforce_retention(now)
+    async def enforce_retention(self) -> int:
+        """One retention pass (log.retention.check.interval.ms) over every partition, on a
+        worker thread so that produce and fetch never wait for it (the log's locks keep it
+        consistent with appends and reads). Returns how many segments went."""
+        logs = [(p.topic, p.log) for p in self.partitions()]
+        results = await asyncio.to_thread(_enforce_retention, logs, now_ms())
+        for topic, result in results:
+            self.metrics.segments_deleted(topic, result.segments_deleted, result.bytes_deleted)
+        return sum(result.segments_deleted for _, result in results)
 
     def leader(self, info: TopicInfo, partition: int) -> int:
         return self.cluster.leader(info.name, partition, replication_factor(info))
@@ -280,6 +284,22 @@ def load_producer_state(partition_log: PartitionLog, now: int,
         logger.info("%s: producer state rebuilt from offset %d (%d batches replayed)",
                  partition_log.directory.name, start, replayed)
     return producers
+
+
+def _enforce_retention(logs: list[tuple[str, PartitionLog]], now: int,
+                       ) -> list[tuple[str, RetentionResult]]:
+    """(worker thread) Retention of each log; a failed or closed log is skipped (a failed
+    log reports itself when it fails; a deleted topic's log is closed)."""
+    results = []
+    for topic, partition_log in logs:
+        try:
+            result = partition_log.enforce_retention(now)
+        except StorageError as exc:
+            logger.debug("retention skipped %s: %s", partition_log.directory.name, exc)
+            continue
+        if result.segments_deleted:
+            results.append((topic, result))
+    return results
 
 
 def replication_factor(info: TopicInfo) -> int:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from onceflow.cli.clients import exits_cleanly
+from onceflow.cli.clients import CliError, exits_cleanly
 from onceflow.console.settings import TOKEN_ENV, ConsoleSettings
 
 # The admin port `--console` uses when none is given (the CLI's faults/stats default).
@@ -20,6 +20,9 @@ broker_app = typer.Typer(name="broker", help="Run a broker, or inspect a running
 @broker_app.callback(invoke_without_command=True)
 def broker(
     ctx: typer.Context,
+    config_file: Path = typer.Option(
+        None, "--config", help="A Kafka server.properties (listeners, log.dirs, log.retention.*, "
+        "log.cleaner.*, ...); flags given here override it."),
     data_dir: Path = typer.Option(Path("data"), "--data-dir", help="Where the logs live."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address."),
     port: int = typer.Option(9092, "--port", help="First node's port (0: any free port)."),
@@ -118,7 +121,7 @@ def broker(
         super_users=super_users)
     if admin_tls and ssl_certfile is None:
         raise typer.BadParameter("--admin-tls needs --ssl-certfile and --ssl-keyfile")
-    config = BrokerConfig(
+    fields = dict(
         data_dir=data_dir, host=host, port=port, nodes=nodes, advertised_host=advertised_host,
         advertised_port=advertised_port, fsync=fsync, num_partitions=num_partitions,
         auto_create_topics=auto_create_topics, admin_port=admin_port,
@@ -133,7 +136,44 @@ def broker(
         admin_token=admin_token, admin_tls=admin_tls,
         **security,
     )
+    if config_file is None:
+        config = BrokerConfig(**fields)
+    else:
+        config = config_from_file(config_file, _given_flags(ctx, fields))
     run_broker(config, frontend)
+
+
+# BrokerConfig fields whose flag has another name (for "was this flag given?").
+_FLAG_OF_FIELD = {
+    "offsets_topic_num_partitions": "offsets_topic_partitions",
+    "transaction_state_num_partitions": "transaction_state_partitions",
+    "transaction_abort_timed_out_cleanup_interval_ms": "transaction_abort_interval_ms",
+    "consumer_group_session_timeout_ms": "group_consumer_session_timeout_ms",
+    "consumer_group_heartbeat_interval_ms": "group_consumer_heartbeat_interval_ms",
+}
+
+
+def _given_flags(ctx: typer.Context, fields: dict) -> dict:
+    """The fields whose flag was given on the command line (or by environment): they
+    override the config file; defaults do not."""
+    given = {}
+    for name, value in fields.items():
+        source = ctx.get_parameter_source(_FLAG_OF_FIELD.get(name, name))
+        # By name: typer may bring its own copy of click, with its own ParameterSource.
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given[name] = value
+    return given
+
+
+@exits_cleanly
+def config_from_file(path: Path, overrides: dict):
+    """The BrokerConfig of a server.properties (one clear line and exit 1 when bad)."""
+    from onceflow.broker.config_file import ConfigFileError, load_config_file
+
+    try:
+        return load_config_file(path, overrides)
+    except ConfigFileError as exc:
+        raise CliError(str(exc)) from None
 
 
 @exits_cleanly

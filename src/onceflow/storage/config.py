@@ -6,8 +6,9 @@ DescribeConfigs lists it; CreateTopics/AlterConfigs validate against it through
 `validate_topic_configs`, which raises `InvalidConfigError` (the broker answers INVALID_CONFIG)
 for an unknown name or a bad value. `LogConfig.from_topic_configs` layers Kafka's defaults, the
 broker's overrides and the topic's configs, and keeps the fields storage and the produce path
-use. Configs the broker accepts but does not act on (compaction, remote storage, throttling,
-flush intervals) are validated and reported, nothing more.
+use, retention and the log cleaner (storage/cleaner.py) use. Configs the broker accepts but
+does not act on (remote storage, throttling, flush intervals, preallocation) are validated
+and reported, nothing more.
 """
 
 from __future__ import annotations
@@ -205,6 +206,11 @@ class LogConfig:
     message_timestamp_after_max_ms: int = 3600000  # message.timestamp.after.max.ms
     min_insync_replicas: int = 1  # min.insync.replicas
     compression_type: str = "producer"  # compression.type
+    segment_jitter_ms: int = 0  # segment.jitter.ms
+    delete_retention_ms: int = 86400000  # delete.retention.ms (tombstones, markers)
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = LONG_MAX  # max.compaction.lag.ms
 
     @property
     def deletes(self) -> bool:
@@ -246,4 +252,9 @@ _KAFKA_NAME = {
     "message_timestamp_after_max_ms": "message.timestamp.after.max.ms",
     "min_insync_replicas": "min.insync.replicas",
     "compression_type": "compression.type",
+    "segment_jitter_ms": "segment.jitter.ms",
+    "delete_retention_ms": "delete.retention.ms",
+    "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
+    "min_compaction_lag_ms": "min.compaction.lag.ms",
+    "max_compaction_lag_ms": "max.compaction.lag.ms",
 }

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import shutil
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -87,6 +89,12 @@ class SegmentInfo(NamedTuple):
     size_bytes: int
     max_timestamp_ms: int     # the newest record's timestamp (-1: none yet)
 
+class RetentionResult(NamedTuple):
+    segments_deleted: int
+    bytes_deleted: int
+    log_start_offset: int  # after the deletion
+
+
 class AppendInfo(NamedTuple):
     first_offset: int
     last_offset: int  # inclusive
@@ -120,6 +128,7 @@ class PartitionLog:
         self._failed: BaseException | None = None
         self._closing = False
         self._closed = False
+        self._roll_jitter_ms = roll_jitter_ms(config)  # this active segment's segment.jitter.ms
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -195,7 +204,8 @@ class PartitionLog:
             return False
         return (
             active.size_bytes + prepared.total_bytes > config.segment_bytes
-            or (active.created_ms is not None and now_ms - active.created_ms >= config.segment_ms)
+            or (active.created_ms is not None
+                and now_ms - active.created_ms >= config.segment_ms - self._roll_jitter_ms)
             or active.offset_index.is_full
             or active.time_index.is_full
             or not active.can_hold(prepared)
@@ -216,6 +226,7 @@ class PartitionLog:
         self._segments = self._segments + [new]  # copy-on-write: iterators keep their snapshot
         self._bases = self._bases + [new.base_offset]
         self._dir_dirty = True
+        self._roll_jitter_ms = roll_jitter_ms(config)
 
     def _check_writable(self) -> None:
         if self._closed or self._closing:
@@ -420,82 +431,124 @@ class PartitionLog:
             leo = self._segments[-1].next_offset
             if offset > leo or offset < 0:
                 raise OffsetOutOfRange(f"offset {offset} outside [0, {leo}]")
-            if offset <= self._log_start:
-                return self._log_start
-            # Segments whose successor starts at or below `offset` hold nothing readable.
-            count = bisect_right(self._bases, offset) - 1
-        self._delete_prefix(count, offset)
+        self._delete_prefix(offset)
         return self._log_start
 
-    def enforce_retention(self, now_ms: int) -> int:
-        """Deletes the oldest non-active segments that are wholly below the log start, or (with
+    def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> RetentionResult:
+        """Deletes the oldest closed segments that are wholly below the log start, or (with
         cleanup.policy delete) past retention.ms by their largest timestamp or beyond
-        retention.bytes. Returns how many segments were deleted."""
+        retention.bytes, and moves the log start to the first kept segment - never past
+        `high_watermark` (default: the LEO). The active segment is never deleted (Kafka
+        rolls an expired one first; here the next append rolls it by segment.ms).
+
+        Safe from another thread than append's: the deletion itself recomputes the victims
+        under the locks (see `_delete_prefix`), which DeleteRecords shares."""
         with self._lock:
             self._check_writable()
             config, segments = self.config, self._segments
-            count = bisect_right(self._bases, self._log_start) - 1  # wholly below the start
+            new_start = self._log_start
             if config.deletes:
                 count = max(
-                    count,
                     _expired_prefix(segments, config.retention_ms, now_ms),
                     _oversize_prefix(segments, config.retention_bytes),
                 )
-            if count <= 0:
-                return 0
-            new_start = max(self._log_start, segments[count].base_offset)
-        self._delete_prefix(count, new_start)
-        return count
+                if count > 0:
+                    new_start = max(new_start, segments[count].base_offset)
+            if high_watermark is not None:
+                new_start = min(new_start, max(high_watermark, self._log_start))
+        return self._delete_prefix(new_start)
 
-    def _delete_prefix(self, count: int, new_log_start: int) -> None:
-        """Persists the new log start first, then deletes the first `count` segments: a crash
-        in between leaves segments below the log start, which the next open deletes."""
+    def _delete_prefix(self, new_log_start: int) -> RetentionResult:
+        """Moves the log start to `new_log_start` (never backwards) and deletes the segments
+        wholly below it (their successor starts at or below it). Persists the new log start
+        first, then deletes: a crash in between leaves segments below the log start, which
+        the next open deletes. The victims are computed here, under both locks, so that
+        retention (on a worker thread) and DeleteRecords (on the loop) never race."""
         with self._flush_lock:
             with self._lock:
+                self._check_writable()
+                start = max(self._log_start, new_log_start)
+                count = bisect_right(self._bases, start) - 1
+                if start == self._log_start and count <= 0:
+                    return RetentionResult(0, 0, self._log_start)
                 if count >= len(self._segments):
                     raise AssertionError("retention must never delete the active segment")
-                victims = self._segments[:count]
-                self._segments = self._segments[count:]
-                self._bases = self._bases[count:]
-                self._log_start = max(self._log_start, new_log_start)
+                victims = self._segments[:max(count, 0)]
+                self._segments = self._segments[len(victims):]
+                self._bases = self._bases[len(victims):]
+                self._log_start = start
             self._write_state(clean=False)
             with self._lock:
                 for seg in victims:
                     seg.delete()
+                if victims:
+                    self._dir_dirty = True
+        deleted_bytes = sum(seg.size_bytes for seg in victims)
+        if victims:
+            logger.info("%s: deleted %d segments (%d bytes) below log start %d",
+                        self.directory.name, len(victims), deleted_bytes, start)
+        return RetentionResult(len(victims), deleted_bytes, start)
 
     # -- compaction (issue 4: __consumer_offsets) -----------------------------------------------
 
-    def replace_segment(self, base_offset: int, batches: list, now_ms: int) -> int:
+    def replace_segment(self, base_offset: int, batches: list, now_ms: int,
+                        aborted: list[AbortedTxn] | None = None) -> int:
         """Compaction: the closed segment starting at `base_offset` keeps only `batches` -
         whole v2 batches that keep their offsets (gaps allowed), in the segment's offset
         range, in order. With no batches a segment other than the first is deleted. Writes
-        and fsyncs the new files on the calling thread (the mutating one); crash-safe, see
-        storage/rewrite.py. Returns the segment's new size in bytes."""
-        with self._flush_lock:
-            with self._lock:
+        and fsyncs the new files on the calling thread without holding the log's locks
+        (appends, reads and flushes go on meanwhile), then swaps them in under the locks;
+        crash-safe, see storage/rewrite.py. `aborted`, when given, replaces the segment's
+        aborted-transaction index (the cleaner drops entries of removed ABORT markers).
+        Returns the segment's new size in bytes. One replacer per log at a time (the
+        staging directory is shared)."""
+        with self._lock:
+            self._check_writable()
+            index = self._closed_segment_index(base_offset)
+            upper = self._segments[index + 1].base_offset
+            delete = not batches and index > 0
+        if delete:
+            with self._flush_lock, self._lock:
                 self._check_writable()
                 index = self._closed_segment_index(base_offset)
-                if not batches and index > 0:
-                    victim = self._segments[index]
-                    self._segments = self._segments[:index] + self._segments[index + 1:]
-                    self._bases = self._bases[:index] + self._bases[index + 1:]
-                    victim.delete()
-                    self._dir_dirty = True
-                    return 0
-                upper = self._segments[index + 1].base_offset
-            config = self.config
-            staging = stage_segment(self.directory, base_offset, upper, batches,
-                                    config.index_interval_bytes, index_entries_max(config), now_ms)
-            with self._lock:
-                old = self._segments[index]
-                install_segment(self.directory, staging, base_offset)
-                new = Segment.open_existing(self.directory, base_offset,
-                                            config.index_interval_bytes, index_entries_max(config))
-                if not new.load_trusted(now_ms):
-                    raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
-                self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
-                old.close()
-                return new.size_bytes
+                victim = self._segments[index]
+                self._segments = self._segments[:index] + self._segments[index + 1:]
+                self._bases = self._bases[:index] + self._bases[index + 1:]
+                victim.delete()
+                self._dir_dirty = True
+                return 0
+        config = self.config
+        staging = stage_segment(self.directory, base_offset, upper, batches,
+                                config.index_interval_bytes, index_entries_max(config), now_ms,
+                                aborted)
+        return self.install_staged(base_offset, staging, False, aborted is not None, now_ms)
+
+    def install_staged(self, base_offset: int, staging: Path, empty: bool,
+                       replace_txn_index: bool, now_ms: int) -> int:
+        """The second half of `replace_segment`, under the locks: swaps in the segment
+        `stage_segment` wrote to `staging` for the closed segment at `base_offset`; an
+        `empty` one deletes the segment instead unless it is the first. For a staging done
+        elsewhere (the log cleaner's child process). Returns the segment's new size."""
+        config = self.config
+        with self._flush_lock, self._lock:
+            self._check_writable()
+            index = self._closed_segment_index(base_offset)  # retention may have moved it
+            old = self._segments[index]
+            if empty and index > 0:
+                self._segments = self._segments[:index] + self._segments[index + 1:]
+                self._bases = self._bases[:index] + self._bases[index + 1:]
+                old.delete()
+                self._dir_dirty = True
+                shutil.rmtree(staging, ignore_errors=True)
+                return 0
+            install_segment(self.directory, staging, base_offset, replace_txn_index)
+            new = Segment.open_existing(self.directory, base_offset,
+                                        config.index_interval_bytes, index_entries_max(config))
+            if not new.load_trusted(now_ms):
+                raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
+            self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
+            old.close()
+            return new.size_bytes
 
     def _closed_segment_index(self, base_offset: int) -> int:
         index = bisect_right(self._bases, base_offset) - 1
@@ -543,6 +596,14 @@ class PartitionLog:
         return log
 
 
+def roll_jitter_ms(config: LogConfig) -> int:
+    """How much earlier than segment.ms the active segment rolls: random in
+    [0, min(segment.jitter.ms, segment.ms)), drawn per segment as Kafka does, so that many
+    partitions created together do not all roll at the same moment."""
+    bound = min(config.segment_jitter_ms, config.segment_ms)
+    return random.randrange(bound) if bound > 0 else 0
+
+
 def _expired_prefix(segments: list[Segment], retention_ms: int, now_ms: int) -> int:
     """How many leading non-active segments have all their data older than retention_ms."""
     if retention_ms < 0:
@@ -572,4 +633,4 @@ def _oversize_prefix(segments: list[Segment], retention_bytes: int) -> int:
     return count
 
 
-__all__ = ["AppendInfo", "OffsetOutOfRange", "PartitionLog", "RecoveryReport"]
+__all__ = ["AppendInfo", "RetentionResult", "OffsetOutOfRange", "PartitionLog", "RecoveryReport"]

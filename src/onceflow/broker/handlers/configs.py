@@ -1,13 +1,17 @@
 """DescribeConfigs and IncrementalAlterConfigs for topics (and a read-only broker view).
 
 Topic configs are Kafka's names with Kafka's defaults (storage.config). A value set
-on the topic reports source DYNAMIC_TOPIC_CONFIG, anything else DEFAULT_CONFIG.
+on the topic reports source DYNAMIC_TOPIC_CONFIG, a broker log.* default from --config
+STATIC_BROKER_CONFIG, anything else DEFAULT_CONFIG.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kio.schema.errors import ErrorCode
 
+from onceflow.broker.config_file import effective_broker_configs
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import config as topic_config
@@ -42,29 +46,30 @@ def _entry(name: str, value: str | None, source: int) -> dict:
     }
 
 
-def describe_topic_configs(info: TopicInfo, keys) -> list[dict]:
+def describe_topic_configs(info: TopicInfo, keys,
+                           broker_defaults: Mapping[str, str] | None = None) -> list[dict]:
+    """Each topic config: the topic's own (DYNAMIC_TOPIC_CONFIG), else the broker's log.*
+    default from --config (STATIC_BROKER_CONFIG), else Kafka's (DEFAULT_CONFIG)."""
     entries = []
+    broker_defaults = broker_defaults or {}
     for name, default in topic_config.TOPIC_CONFIG_DEFAULTS.items():
         if keys and name not in keys:
             continue
         if name in info.configs:
             entries.append(_entry(name, info.configs[name], SOURCE_DYNAMIC_TOPIC))
+        elif name in broker_defaults:
+            entries.append(_entry(name, broker_defaults[name], SOURCE_STATIC_BROKER))
         else:
             entries.append(_entry(name, default, SOURCE_DEFAULT))
     return entries
 
 
 def _broker_configs(ctx: RequestContext, keys) -> list[dict]:
-    config = ctx.broker.config
-    values = {
-        "broker.id": str(ctx.node_id),
-        "auto.create.topics.enable": str(config.auto_create_topics).lower(),
-        "num.partitions": str(config.num_partitions),
-        "default.replication.factor": str(config.default_replication_factor),
-        "message.max.bytes": str(config.message_max_bytes),
-        "socket.request.max.bytes": str(config.frame_bytes_max),
-    }
-    return [_entry(k, v, SOURCE_STATIC_BROKER) for k, v in values.items() if not keys or k in keys]
+    """The effective broker configs: STATIC_BROKER_CONFIG when set by --config (or the
+    broker id), DEFAULT_CONFIG otherwise."""
+    values = {"broker.id": (str(ctx.node_id), True)} | effective_broker_configs(ctx.broker.config)
+    return [_entry(k, v, SOURCE_STATIC_BROKER if static else SOURCE_DEFAULT)
+            for k, (v, static) in values.items() if not keys or k in keys]
 
 
 def _denied(ctx: RequestContext, resource, operation: Operation) -> ErrorCode | None:
@@ -91,7 +96,8 @@ def _describe_one(ctx: RequestContext, resource) -> dict:
         if info is None:
             return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
                     "error_message": f"Topic {resource.resource_name} does not exist"}
-        return {**result, "configs": describe_topic_configs(info, keys)}
+        return {**result, "configs": describe_topic_configs(
+            info, keys, dict(ctx.broker.config.log_defaults))}
     if resource.resource_type == RESOURCE_BROKER:
         return {**result, "configs": _broker_configs(ctx, keys)}
     return {**result, "error_code": ErrorCode.invalid_request,

@@ -1,9 +1,11 @@
 """Produce: validate each partition's record batch, check producer state, append, answer.
 
 Per partition (Kafka's rules for Produce v3+): exactly one magic-2 batch, CRC-32C
-valid, no control batch from a client, at most the topic's max.message.bytes. A
-failing partition gets its error code; the other partitions of the request are
-still appended.
+valid, no control batch from a client, at most the topic's max.message.bytes, and on a
+compacted topic (cleanup.policy contains compact) a key on every record - else
+INVALID_RECORD with each keyless record's index in `record_errors` (the records are
+decompressed for this check only). A failing partition gets its error code; the other
+partitions of the request are still appended.
 
 Then the partition's producer state judges batches that carry a producer id
 (`PartitionState.append`: prepare, append, commit in one synchronous step, in
@@ -57,6 +59,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
+from onceflow.protocol.compression import batch_records
 from onceflow.protocol.errors import RecordError
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.protocol.records import (
@@ -80,10 +83,12 @@ NOT_ADDED_MESSAGE = "Partition was not added to the transaction"
 
 
 class ProduceError(Exception):
-    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str | None = None,
+                 record_errors: list[dict] | None = None) -> None:
         super().__init__(message or code.name)
         self.code = code
         self.message = message
+        self.record_errors = record_errors or []
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,6 +99,7 @@ class _Outcome:
     base_offset: int = -1
     log_append_time_ms: int = -1
     log_start_offset: int = -1
+    record_errors: list[dict] = dataclasses.field(default_factory=list)  # Produce v8+
     partition: PartitionState | None = None  # set when offsets were named: flush for acks=all
     durable_end: int = 0  # offsets below this (exclusive) must be on disk before answering
 
@@ -101,7 +107,7 @@ class _Outcome:
         return {
             "index": self.index, "error_code": self.error_code, "base_offset": self.base_offset,
             "log_append_time": self.log_append_time_ms, "log_start_offset": self.log_start_offset,
-            "record_errors": [], "error_message": self.error_message,
+            "record_errors": self.record_errors, "error_message": self.error_message,
         }
 
 
@@ -115,6 +121,26 @@ def single_batch(records, api_version: int, max_message_bytes: int) -> tuple[Bat
         raise ProduceError(ErrorCode.message_too_large,
                            f"batch of {len(batch)} bytes exceeds max.message.bytes {max_message_bytes}")
     return header, batch
+
+
+def check_keys(topic: str, index: int, batch: memoryview) -> None:
+    """A compacted topic's records must all have a key (Kafka's LogValidator): else the
+    batch fails INVALID_RECORD, every keyless record named in `record_errors`."""
+    try:
+        records = batch_records(batch)
+    except RecordError as exc:
+        raise ProduceError(ErrorCode(exc.error_code), str(exc)) from None
+    message = ("Compacted topic cannot accept message without key in topic partition "
+               f"{topic}-{index}")
+    keyless = [i for i, record in enumerate(records) if record.key is None]
+    if not keyless:
+        return
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{message}')" for i in keyless[:3])
+    raise ProduceError(
+        ErrorCode.invalid_record,
+        f"One or more records have been rejected due to {len(keyless)} record errors in "
+        f"total, and only showing the first three errors at most: [{shown}]",
+        [{"batch_index": i, "batch_index_error_message": message} for i in keyless])
 
 
 def _verify_transaction(ctx: RequestContext, partition: PartitionState,
@@ -152,6 +178,8 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
     log = partition.log
     try:
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
+        if log.config.compacts:
+            check_keys(topic, data.index, batch)
         error = refused.get(TopicPartition(topic, data.index))
         if error is None:
             error = _verify_transaction(ctx, partition, transactional_id, header)
@@ -161,9 +189,11 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
         result = partition.append([header], [batch], ctx.now_ms())
     except ProduceError as exc:
         outcome.error_code, outcome.error_message = exc.code, exc.message
+        outcome.record_errors = exc.record_errors
         return outcome
     except LogFailedError as exc:
         outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(exc)
+        ctx.broker.metrics.storage_error(topic)
         return outcome
     if isinstance(result, Rejected):
         # As Kafka: a refused append still reports the log start offset, which the Java
@@ -184,14 +214,31 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
 
 
 async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
-    """Wait until every offset the outcomes name is on disk (one flush per log)."""
+    """Wait until every offset the outcomes name is on disk (one flush per log). A log whose
+    flush failed (ENOSPC, EIO: the log is now failed) turns its outcomes into
+    KAFKA_STORAGE_ERROR: what did not reach the disk is never acknowledged."""
     logs = {id(o.partition): o.partition.log for o in outcomes
             if o.partition is not None and o.partition.log.recovery_point_offset < o.durable_end}
+    if not logs:
+        return
     futures = [asyncio.wrap_future(ctx.broker.committer.request_flush(log)) for log in logs.values()]
-    if len(futures) == 1:  # the usual case: no gathering future needed
-        await futures[0]
-    elif futures:
-        await asyncio.gather(*futures)
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    failed = {key: result for key, result in zip(logs, results, strict=True)
+              if isinstance(result, BaseException)}
+    for outcome in outcomes:
+        error = failed.get(id(outcome.partition))
+        if error is not None:
+            if not isinstance(error, LogFailedError):
+                raise error  # not a disk fault: a bug, loudly
+            _storage_error(ctx, outcome, error)
+
+
+def _storage_error(ctx: RequestContext, outcome: _Outcome, error: LogFailedError) -> None:
+    """The partition's log failed (Kafka's offline log dir): KAFKA_STORAGE_ERROR at once."""
+    outcome.error_code, outcome.error_message = ErrorCode.kafka_storage_error, str(error)
+    outcome.base_offset = outcome.log_append_time_ms = -1
+    if outcome.partition is not None:
+        ctx.broker.metrics.storage_error(outcome.partition.topic)
 
 
 def _has_transactional_batch(body) -> bool:
@@ -267,7 +314,7 @@ async def _add_implicitly(ctx: RequestContext, body) -> tuple[dict, asyncio.Futu
 @handles(ApiKey.PRODUCE)
 async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
-    results = []
+    per_topic: list[tuple[str, list[_Outcome]]] = []
     all_outcomes: list[_Outcome] = []
     whole_request_error = _request_error(body) or _authorization_error(ctx, body)
     refused: dict[TopicPartition, ErrorCode] = {}
@@ -289,8 +336,7 @@ async def produce(ctx: RequestContext, body) -> dict | None:
                 outcomes = [_append(ctx, topic.name, p, body.transactional_id, refused)
                             for p in topic.partition_data]
             all_outcomes += outcomes
-            results.append({"name": topic.name,
-                            "partition_responses": [o.response() for o in outcomes]})
+            per_topic.append((topic.name, outcomes))
     finally:
         if gate is not None:  # appended: the producer's next request may go
             ctx.txns.close_gate(body.transactional_id, gate)
@@ -298,5 +344,6 @@ async def produce(ctx: RequestContext, body) -> dict | None:
         return None
     if acks == ACKS_ALL:
         await _flush(ctx, all_outcomes)
-    # Responses were built before the flush; offsets do not change while waiting.
+    results = [{"name": name, "partition_responses": [o.response() for o in outcomes]}
+               for name, outcomes in per_topic]
     return {"responses": results, "throttle_time": 0}

@@ -82,7 +82,8 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
     if info is not None:
         result["topic_id"] = info.topic_id
         result["configs"] = [{k: entry[k] for k in _CREATED_CONFIG_FIELDS}
-                             for entry in describe_topic_configs(info, None)]
+                             for entry in describe_topic_configs(
+                                 info, None, dict(ctx.broker.config.log_defaults))]
     result["num_partitions"] = partitions if partitions != -1 else ctx.broker.config.num_partitions
     result["replication_factor"] = rf if rf != -1 else ctx.broker.config.default_replication_factor
     return result

@@ -1,5 +1,13 @@
 """`Compactor`: keeps `__consumer_offsets` (and `__transaction_state`) bounded by
-rewriting their closed segments.
+rewriting their closed segments; `LogCleaner`: the same for the compacted user topics.
+
+The two share what touches storage: a plan (segment base -> kept batches, the changed
+segments) applied by `storage.cleaner.apply_plan` - oldest first, each segment swapped
+crash-safely by `PartitionLog.replace_segment`. They differ in what decides the plan:
+the coordinators' topics keep what replays to the same coordinator state
+(`onceflow.groups.compact`); user topics keep what Kafka's LogCleaner keeps
+(storage/cleaner.py: newest value per key, tombstones and markers until
+delete.retention.ms, no aborted records, nothing from the first unstable offset on).
 
 Theory of operation
 -------------------
@@ -37,20 +45,40 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
+import multiprocessing
+import os
+import shutil
+import weakref
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from onceflow.broker.runtime.log_io import LOAD_READ_BYTES, OffsetsLogCorrupt, batch_entries
-from onceflow.broker.state import now_ms
+from onceflow.broker.state import INTERNAL_TOPICS, now_ms
 from onceflow.groups import LogEntry, LogRecord, compact
 from onceflow.protocol.errors import RecordError
 from onceflow.protocol.records import BatchHeader, SimpleRecord, build_batch, iter_batches
+from onceflow.storage.cleaner import (
+    DEDUPE_BUFFER_BYTES_DEFAULT,
+    LogFiles,
+    apply_plan,
+    clean_files,
+    cleanable_upper,
+    die_with_parent,
+    dirty_ratio,
+    install_staged,
+    needs_cleaning,
+)
 from onceflow.storage.layout import StorageError
+from onceflow.storage.rewrite import STAGING_DIR
 from onceflow.storage.log import PartitionLog
 
 if TYPE_CHECKING:
+    from onceflow.broker.state import BrokerState, PartitionState
     from onceflow.storage.store import TopicInfo
 
 log = logging.getLogger("onceflow.groups")
@@ -184,8 +212,7 @@ class Compactor:
         retention_ms = self._runtime.tombstone_retention_ms
         plan = await asyncio.to_thread(plan_compaction, offsets_log, bases, now_ms(),
                                        retention_ms)
-        for base in sorted(plan.changed):  # oldest first: see the module docstring
-            offsets_log.replace_segment(base, plan.batches[base], now_ms())
+        apply_plan(offsets_log, plan.batches, plan.changed, now_ms())
         self._compacted_through[partition] = bases[-1]
         self._last_run_ms[partition] = now_ms()
         done = Compacted(partition, len(plan.changed), plan.entries_before, plan.entries_kept,
@@ -196,3 +223,146 @@ class Compactor:
                  done.segments_rewritten, done.entries_kept,
                  done.entries_before, done.bytes_before, done.bytes_after)
         return done
+
+
+@dataclass(frozen=True, slots=True)
+class Cleaned:
+    topic: str
+    partition: int
+    upper_offset: int  # exclusive end of the cleaned range
+    segments_rewritten: int
+    records_before: int
+    records_kept: int
+    bytes_before: int  # of the cleaned range
+    bytes_after: int  # of the whole log afterwards
+
+
+class LogCleaner:
+    """Cleans the partitions of compacted user topics (cleanup.policy contains compact)
+    every log.cleaner.backoff.ms, one partition after the other. The heavy part - reading
+    the segments, the key map, writing and fsyncing the cleaned segments - runs in a
+    child process (`storage.cleaner.clean_files`, started when the first compacted
+    partition is seen, at a lower CPU priority), so its CPU never holds the broker's GIL; the broker only swaps the staged segments in
+    (`install_staged`, on a worker thread) and keeps the bookkeeping. What it remembers
+    (where each partition's dirty part starts, when a kept tombstone expires) is a cache:
+    after a restart everything counts as dirty once."""
+
+    def __init__(self, state: BrokerState, backoff_ms: int,
+                 dedupe_buffer_bytes: int = DEDUPE_BUFFER_BYTES_DEFAULT,
+                 io_bytes_per_second: float = float("inf")) -> None:
+        self._state = state
+        self._backoff_ms = backoff_ms
+        self._dedupe_buffer_bytes = dedupe_buffer_bytes
+        self._io_bytes_per_second = io_bytes_per_second
+        # Per log object, not per name: a topic deleted and created again starts afresh.
+        self._first_dirty: weakref.WeakKeyDictionary[PartitionLog, int] = (
+            weakref.WeakKeyDictionary())
+        self._expiry_ms: weakref.WeakKeyDictionary[PartitionLog, int | None] = (
+            weakref.WeakKeyDictionary())
+        self.history: collections.deque[Cleaned] = collections.deque(maxlen=HISTORY_MAX)
+        self._pool: ProcessPoolExecutor | None = None
+        self.child_ready: Future[int] | None = None
+        self.cleaning_now: tuple[str, int] | None = None  # (topic, partition) in the child
+        self._tokens = itertools.count()
+        self._closed = False
+
+    async def run(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._backoff_ms / 1000)
+            await self.clean_dirty()
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop_executor()
+
+    async def clean_dirty(self) -> list[Cleaned]:
+        done = []
+        for partition in self._state.partitions():
+            if self._closed:
+                break
+            if partition.topic in INTERNAL_TOPICS or not partition.log.config.compacts:
+                continue
+            self._executor()  # the child starts with the first compacted partition seen
+            try:
+                cleaned = await self.clean_partition(partition)
+            except (RecordError, StorageError, ValueError, OSError) as exc:
+                # A failed or closed log, a batch we cannot decode, a segment deleted by
+                # retention meanwhile: the old segments stay; retried next round.
+                log.warning("cleaning %s-%d failed: %s", partition.topic, partition.index, exc)
+                continue
+            if cleaned is not None:
+                done.append(cleaned)
+        return done
+
+    async def clean_partition(self, partition: PartitionState, *,
+                              force: bool = False) -> Cleaned | None:
+        """Cleans one partition if it needs it (or `force`); None when it did not."""
+        partition_log = partition.log
+        config, now = partition_log.config, now_ms()
+        upper = cleanable_upper(partition_log, partition.producers.first_unstable_offset(),
+                                now, config)
+        first_dirty = max(self._first_dirty.get(partition_log, 0), partition_log.log_start_offset)
+        self._state.metrics.cleaner_looked(
+            partition.topic, partition.index,
+            dirty_ratio(partition_log.segment_infos(), first_dirty, upper), upper)
+        if not force and not needs_cleaning(partition_log, config, first_dirty, upper, now,
+                                            self._expiry_ms.get(partition_log)):
+            return None
+        if upper <= partition_log.log_start_offset:
+            return None
+        files = LogFiles.of(partition_log, upper)
+        # What a killed child staged earlier is never installed: clear it away.
+        shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
+        token = f"{os.getpid()}-{next(self._tokens)}"
+        self.cleaning_now = (partition.topic, partition.index)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._executor(), clean_files, files, config, now, first_dirty, upper,
+                self._dedupe_buffer_bytes, self._io_bytes_per_second, token)
+        except BrokenProcessPool:
+            # The child died (killed, out of memory): nothing it staged is installed, the
+            # log is as it was; a new child cleans next round.
+            if self._closed:
+                return None  # killed by close()
+            self._drop_executor()
+            shutil.rmtree(partition_log.directory / STAGING_DIR, ignore_errors=True)
+            raise StorageError("the cleaner's process died") from None
+        finally:
+            self.cleaning_now = None
+        swapped = await asyncio.to_thread(install_staged, partition_log, result, now)
+        self._first_dirty[partition_log] = result.upper_offset
+        self._expiry_ms[partition_log] = result.next_expiry_ms
+        done = Cleaned(partition.topic, partition.index, result.upper_offset, swapped,
+                       result.records_before, result.records_kept, result.bytes_before,
+                       partition_log.size_bytes)
+        self._state.metrics.log_cleaned(partition.topic, result.bytes_before, swapped)
+        self.history.append(done)
+        log.info("cleaned %s-%d up to %d: %d segments rewritten, %d of %d records kept",
+                 partition.topic, partition.index, result.upper_offset, swapped,
+                 result.records_kept, result.records_before)
+        return done
+
+    def _executor(self) -> ProcessPoolExecutor:
+        """The cleaner's child process, started at the first cleaning (spawned: a fresh
+        interpreter, its own GIL, so the broker's event loop never waits on cleaning)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent, initargs=(os.getpid(),))
+            # Starts it now: its imports (about a second of CPU) are not the first
+            # cleaning's wait. Done when the child is ready (benchmarks wait for it).
+            self.child_ready = self._pool.submit(os.getpid)
+        return self._pool
+
+    def _drop_executor(self) -> None:
+        """Stops the child at once, even in the middle of a cleaning: what it staged is
+        never installed (and is removed by the next cleaning), so no need to wait."""
+        pool, self._pool, self.child_ready = self._pool, None, None
+        if pool is None:
+            return
+        children = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(5)
