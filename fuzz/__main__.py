@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1_000_000,
                         help="inputs to run (default 1,000,000; 0: no limit)")
     parser.add_argument("--corpus", type=Path, help="corpus directory (default: temporary)")
-    parser.add_argument("--artifacts", type=Path, default=Path("."),
-                        help="where crash-*/timeout-* files go (default: .)")
+    parser.add_argument("--artifacts", type=Path, default=Path("fuzz/artifacts"),
+                        help="where crash-*/timeout-* files go (default: fuzz/artifacts)")
     parser.add_argument("--seed", type=int, default=0, help="libFuzzer -seed (0: random)")
     parser.add_argument("--max-len", type=int, default=0, help="libFuzzer -max_len (0: harness default)")
     parser.add_argument("libfuzzer_args", nargs="*", help="passed to libFuzzer after --")
