@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench fuzz clean
 
 $(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh scripts/java-clients.sh tests/js/package.json \
           scripts/console-assets.sh web/package-lock.json
@@ -20,6 +20,16 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+# The long fuzz runs (docs/reliability.md, "Fuzzing"): every harness in fuzz/, one at a time,
+# niced; crash files go to fuzz/artifacts/. FUZZ_RUNS=0 runs until stopped.
+FUZZ_RUNS ?= 1000000
+FUZZ_HARNESSES := request_decoder record_batch producer_state
+fuzz: $(STAMP)
+	for harness in $(FUZZ_HARNESSES); do \
+		PYTHONPATH=src nice -n 10 $(BIN)/python -m fuzz $$harness --runs $(FUZZ_RUNS) \
+			--artifacts fuzz/artifacts || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
