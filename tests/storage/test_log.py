@@ -306,3 +306,28 @@ def test_a_segment_holds_one_descriptor_and_its_indexes_survive(open_log, tmp_pa
     reopened = open_log(config, name="fds-0")
     for i, batch in enumerate(stored):
         assert reopened.read(3 * i, len(batch), 1 << 62) == batch, i
+
+
+def test_an_index_write_failing_at_flush_fails_the_log(open_log, monkeypatch):
+    """The rolled segments' index entries are written at the next flush: when that write
+    fails (ENOSPC), the flush fails the log instead of letting a later flush count the
+    unsynced data as durable."""
+    import errno
+
+    from onceflow.storage.index import OffsetIndex
+    from onceflow.storage.layout import LogFailedError
+
+    log = open_log(LogConfig(segment_bytes=2048, index_interval_bytes=128), name="enospc-0")
+    append_n(log, [3] * 40)           # rolls: the rolled segments' indexes are pending
+
+    def full(_index):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(OffsetIndex, "persist", full)
+    point = log.recovery_point_offset
+    with pytest.raises(LogFailedError):
+        log.flush()
+    assert log.recovery_point_offset == point
+    monkeypatch.undo()
+    with pytest.raises(LogFailedError):   # failed for good, until a restart
+        log.flush()

@@ -389,7 +389,12 @@ class PartitionLog:
             if self._failed is not None:
                 raise LogFailedError(f"{self.directory.name}: failed earlier: {self._failed}")
             target, appended = self._segments[-1].next_offset, self._appended_bytes
-            fds = take_dirty_fds(self._segments, self.directory if self._dir_dirty else None)
+            try:
+                fds = take_dirty_fds(self._segments, self.directory if self._dir_dirty else None)
+            except OSError as exc:  # writing an index's pending entries (a full disk)
+                self._fail(exc, "index write")
+                raise LogFailedError(f"{self.directory.name}: index write failed: {exc}") \
+                    from exc
             self._dir_dirty = False
         try:
             for fd in fds:

@@ -551,14 +551,21 @@ class Segment:
 
     def take_dirty_fds(self) -> list[int]:
         """Duplicated fds of the files that need an fsync (the caller closes them), so that the
-        flushing thread never races a close of the originals."""
-        fds = []
-        if self.data_dirty:
-            fds.append(os.dup(self.fd))
-            self.data_dirty = False
-        if self.index_dirty:
-            fds.extend((self.offset_index.sync_fd(), self.time_index.sync_fd()))
-            self.index_dirty = False
+        flushing thread never races a close of the originals. The indexes' pending entries are
+        written first; if that fails (a full disk) the OSError propagates and nothing is
+        marked clean, so no later flush can count unsynced data as durable."""
+        fds: list[int] = []
+        try:
+            if self.index_dirty:
+                fds.append(self.offset_index.sync_fd())
+                fds.append(self.time_index.sync_fd())
+            if self.data_dirty:
+                fds.append(os.dup(self.fd))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self.index_dirty = self.data_dirty = False
         txn_fd = self.txn_index.take_dirty_fd()
         if txn_fd is not None:
             fds.append(txn_fd)
