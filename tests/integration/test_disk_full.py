@@ -8,6 +8,7 @@ Needs to mount a tmpfs (root, or CAP_SYS_ADMIN); skipped with the reason otherwi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -146,3 +147,29 @@ def test_fsync_failure_answers_storage_error_and_acknowledges_nothing(tmp_path, 
         assert not later_errors and len(later) == 2
         records = _read(broker.bootstrap_servers, failing)
         assert before.items() <= records.items() and later.items() <= records.items()
+
+
+def test_find_coordinator_on_a_full_disk_answers_and_keeps_the_connection(small_disk):
+    """__consumer_offsets is created on the first FindCoordinator; when the disk is full
+    that fails, and the broker answers COORDINATOR_NOT_AVAILABLE (the client retries) on a
+    connection that stays open - before, the handler's OSError closed it, and with it the
+    fetches it carried."""
+    from kio.schema.errors import ErrorCode
+
+    from tests.kafka_raw import RawClient
+
+    with Broker(small_disk / "data", offsets_topic_num_partitions=1) as broker:
+        filler = small_disk / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):   # until ENOSPC
+            while True:
+                os.write(fd, b"\0" * (1 << 16))
+        os.close(fd)
+        with RawClient(broker.bootstrap_servers) as client:
+            answer = client.request(10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
+            assert answer.coordinators[0].error_code == ErrorCode.coordinator_not_available
+            assert client.request(18, 3, {"client_software_name": "t",
+                                          "client_software_version": "1"}).error_code == 0
+            filler.unlink()   # space again: the next FindCoordinator creates the topic
+            answer = client.request(10, 4, {"key_type": 0, "coordinator_keys": ["g"]})
+            assert answer.coordinators[0].error_code == ErrorCode.none

@@ -14,10 +14,15 @@ error message; v4+ (KIP-699) batches keys and answers one entry per key.
 
 from __future__ import annotations
 
+import logging
+
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
+from onceflow.storage.layout import StorageError
+
+logger = logging.getLogger("onceflow.broker")
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -42,7 +47,13 @@ async def _lookup(ctx: RequestContext, key: str, key_type: int) -> dict:
         runtime = ctx.groups
     else:
         return _error(key, ErrorCode.invalid_request, f"unknown key type {key_type}")
-    await runtime.ensure_topic()
+    try:
+        await runtime.ensure_topic()
+    except (OSError, StorageError) as exc:
+        # Kafka's answer while its internal topic cannot be created: the client retries
+        # (here: a full disk; the connection, which may carry fetches, stays open)
+        logger.warning("cannot create %s: %s", runtime.topic_name, exc)
+        return _error(key, ErrorCode.coordinator_not_available, None)
     node_id = runtime.coordinator_node(key)
     node = ctx.broker.cluster.nodes[node_id]
     host, port = node.endpoint(ctx.listener)

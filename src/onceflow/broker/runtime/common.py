@@ -161,6 +161,9 @@ class CoordinatorRuntime:
             if info is not None:
                 return info
             self._creating = asyncio.ensure_future(self._create_topic())
+            # retrieved here too: a failure must not be logged as "never retrieved" when
+            # the request that started it was cancelled (its connection closed)
+            self._creating.add_done_callback(lambda f: f.cancelled() or f.exception())
         return await asyncio.shield(self._creating)
 
     async def _create_topic(self) -> TopicInfo:
