@@ -43,6 +43,13 @@ BATCH_RECORDS_MAX = 200
 POLL_TIMEOUT_S = 0.5
 # Short client timeouts so that lost answers cost seconds, not a minute (docs/faults.md).
 COMMON_CONFIG = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 1_000}
+# librdkafka >= 2.10 "re-bootstraps" when it has lost every broker connection (a broker
+# SIGKILL): it decommissions the brokers it knew, but its coordinator cache keeps the
+# decommissioned handle, and a TxnOffsetCommit waiting for that coordinator to come up
+# waits forever: send_offsets_to_transaction(timeout=30) never returns, although the
+# broker answered every request (docs/reliability.md, Liveness). `none` keeps the known
+# brokers; `--rebootstrap` on the runner puts librdkafka's default back to show the hang.
+NO_REBOOTSTRAP = {"metadata.recovery.strategy": "none"}
 
 
 class Fatal(Exception):
@@ -63,12 +70,18 @@ def retrying(journal: Journal, name: str, fn, *args) -> None:
     raise Fatal(f"{name}: still retriable after {RETRIES_MAX} attempts")
 
 
-def transactional_producer(args: argparse.Namespace) -> Producer:
-    config = {"bootstrap.servers": args.bootstrap, "transactional.id": args.name,
-              "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **COMMON_CONFIG}
+def client_config(args: argparse.Namespace) -> dict:
+    config = {"bootstrap.servers": args.bootstrap, **COMMON_CONFIG}
+    if not args.rebootstrap:
+        config.update(NO_REBOOTSTRAP)
     if args.debug:
         config["debug"] = args.debug
-    return Producer(config)
+    return config
+
+
+def transactional_producer(args: argparse.Namespace) -> Producer:
+    return Producer({**client_config(args), "transactional.id": args.name,
+                     "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
 
 
 # --- writer ---
@@ -109,6 +122,9 @@ def one_transaction(producer: Producer, journal: Journal, txn: str, values: list
             retrying(journal, "commit_transaction", producer.commit_transaction, CALL_TIMEOUT_S)
             journal.write("committed", txn=txn)
             return
+        # Deliver the records before aborting, so that the log holds aborted records for
+        # read_committed readers to skip (unsent ones would just be purged).
+        journal.call("flush", producer.flush, CALL_TIMEOUT_S, txn=txn)
     except KafkaException as exc:
         if not exc.args[0].txn_requires_abort():
             raise Fatal(f"transaction {txn}: {exc}") from exc
@@ -123,12 +139,8 @@ def one_transaction(producer: Producer, journal: Journal, txn: str, values: list
 
 
 def consumer(args: argparse.Namespace, **config) -> Consumer:
-    config = {"bootstrap.servers": args.bootstrap, "isolation.level": args.isolation,
-              "enable.auto.commit": False, "auto.offset.reset": "earliest",
-              **COMMON_CONFIG, **config}
-    if args.debug:
-        config["debug"] = args.debug
-    return Consumer(config)
+    return Consumer({**client_config(args), "isolation.level": args.isolation,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest", **config})
 
 
 def journal_records(journal: Journal, records: list[Message]) -> list[Message]:
@@ -253,6 +265,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--isolation", default="read_committed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rebootstrap", action="store_true",
+                        help="keep librdkafka's metadata.recovery.strategy=rebootstrap")
     parser.add_argument("--debug", default="", help="librdkafka debug contexts (into the client's log)")
     args = parser.parse_args()
     journal = Journal(journal_path(args.run_dir, args.name, args.incarnation))

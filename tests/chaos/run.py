@@ -68,6 +68,7 @@ class Settings:
     run_dir: Path
     isolation: str
     debug: str = ""
+    rebootstrap: bool = False
     stuck_s: float = checker.STUCK_S
 
 
@@ -104,6 +105,8 @@ class Run:
                    "--isolation", s.isolation if "reader" in client.kind else "read_committed"]
         if s.debug and client.kind == "copier":
             command += ["--debug", s.debug]
+        if s.rebootstrap:
+            command.append("--rebootstrap")
         logs = s.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         with open(logs / f"{client.name}.{client.incarnation}.log", "a") as log:
@@ -349,6 +352,8 @@ def main() -> None:
                         help="readers read_uncommitted: the checker must then flag aborted reads")
     parser.add_argument("--debug", default="",
                         help="librdkafka debug contexts for the copiers, e.g. eos,broker,protocol")
+    parser.add_argument("--rebootstrap", action="store_true",
+                        help="clients keep librdkafka's re-bootstrap (it hangs copiers: docs/reliability.md)")
     parser.add_argument("--stuck-s", type=float, default=checker.STUCK_S,
                         help="a client call blocked this long is a liveness anomaly")
     args = parser.parse_args()
@@ -356,7 +361,7 @@ def main() -> None:
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     settings = Settings(args.seconds, seed, args.nodes, run_dir,
                         "read_uncommitted" if args.read_uncommitted else "read_committed",
-                        args.debug, args.stuck_s)
+                        args.debug, args.rebootstrap, args.stuck_s)
     report = run_chaos(settings)
     print(report.summary(), flush=True)
     sys.exit(1 if report.anomalies else 0)
