@@ -152,9 +152,11 @@ class Run:
     def nemesis(self, deadline: float) -> None:
         kinds = [k for k in FAULT_WEIGHTS if k != "node_down" or self.settings.nodes > 1]
         weights = [FAULT_WEIGHTS[k] for k in kinds]
+        # Every kind once first, in a random order, so that even a short run meets each.
+        first = self.rng.sample(kinds, len(kinds))
         while time.monotonic() < deadline:
             time.sleep(self.rng.uniform(*FAULT_INTERVAL_S))
-            kind = self.rng.choices(kinds, weights)[0]
+            kind = first.pop() if first else self.rng.choices(kinds, weights)[0]
             getattr(self, f"nemesis_{kind}")()
 
     def nemesis_broker_kill(self) -> None:
