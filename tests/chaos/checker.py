@@ -28,6 +28,10 @@ abort_transaction returned, and `unknown` when its process died or gave up in be
   the committed input, each value once (transformed);
 - liveness: a client call blocked longer than STUCK_S (client-hang when the call had a
   timeout of its own that it overran: the client did not keep its deadline).
+
+A call that the client's own watchdog gave up on (clients.WATCHDOG_S, well below
+STUCK_S: the process ends and is restarted) is not an anomaly but a known client-side
+hang (librdkafka's, docs/reliability.md); the summary lists those apart.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class Report:
     counts: Counter = field(default_factory=Counter)
     faults: Counter = field(default_factory=Counter)
     anomalies: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    # Calls the client's watchdog gave up on (a client-side hang, not a broker anomaly).
+    client_hangs: list[str] = field(default_factory=list)
 
     def flag(self, kind: str, example: str) -> None:
         self.anomalies[kind].append(example)
@@ -80,6 +86,8 @@ class Report:
         lines += [f"    {k}: {v}" for k, v in sorted(self.counts.items())]
         lines.append(f"  faults injected: {sum(self.faults.values())}")
         lines += [f"    {k}: {v}" for k, v in sorted(self.faults.items())]
+        lines.append(f"  client-side hangs ended by the client's watchdog: {len(self.client_hangs)}")
+        lines += [f"      e.g. {e}" for e in self.client_hangs[:EXAMPLES_MAX]]
         total = sum(len(v) for v in self.anomalies.values())
         lines.append(f"  anomalies: {total}")
         for kind, examples in sorted(self.anomalies.items()):
@@ -348,7 +356,12 @@ def check_liveness(report: Report, journals: dict, nemesis: list[dict], stuck_s:
     for (client, inc), lines in journals.items():
         open_call: dict[str, Any] | None = None
         for i, line in enumerate(lines):
-            if line["op"] == "call":
+            if line["op"] == "watchdog":
+                tail = " | ".join(json.dumps(x) for x in lines[max(0, i - TAIL_LINES):i + 1])
+                report.client_hangs.append(f"{client}.{inc} {line['call']} blocked {line['blocked_s']} s; "
+                                           f"journal tail: {tail}")
+                open_call = None
+            elif line["op"] == "call":
                 open_call = (i, line)
             elif line["op"] == "ret" and open_call is not None:
                 blocked(report, client, inc, lines, open_call, line["t"], stuck_s)

@@ -25,6 +25,7 @@ import argparse
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,16 +53,36 @@ COMMON_CONFIG = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 1_000}
 NO_REBOOTSTRAP = {"metadata.recovery.strategy": "none"}
 
 
+# A call given CALL_TIMEOUT_S that is still blocked this long will not return: librdkafka
+# can wait forever for a coordinator it has decommissioned (docs/reliability.md,
+# Liveness). The watchdog then ends the process, as a supervisor's health check would; the
+# restarted incarnation's init_transactions aborts the stuck transaction.
+WATCHDOG_S = CALL_TIMEOUT_S + 30.0
+WATCHDOG_EXIT_CODE = 3
+WATCHED_CALLS = ("init_transactions", "commit_transaction", "abort_transaction",
+                 "send_offsets_to_transaction", "flush")
+
+
+def watchdog(journal: Journal) -> None:
+    while True:
+        time.sleep(1.0)
+        current = journal.current
+        if current is not None and current[0] in WATCHED_CALLS \
+                and time.monotonic() - current[1] > WATCHDOG_S:
+            journal.write("watchdog", call=current[0], blocked_s=round(time.monotonic() - current[1], 1))
+            os._exit(WATCHDOG_EXIT_CODE)
+
+
 class Fatal(Exception):
     """The client cannot go on: exit, and let the supervisor start a new incarnation."""
 
 
-def retrying(journal: Journal, name: str, fn, *args) -> None:
+def retrying(journal: Journal, name: str, fn, *args, **fields) -> None:
     """Call `fn` again while it fails with a retriable error (librdkafka asks for that of
-    commit_transaction, abort_transaction and init_transactions)."""
+    commit_transaction, abort_transaction, init_transactions, send_offsets_to_transaction)."""
     for _attempt in range(RETRIES_MAX):
         try:
-            journal.call(name, fn, *args)
+            journal.call(name, fn, *args, **fields)
             return
         except KafkaException as exc:
             if not exc.args[0].retriable():
@@ -225,9 +246,9 @@ def copy_batch(source: Consumer, producer: Producer, journal: Journal, txn: str,
         for r in records:
             producer.produce(output, key=r.key(), value=transform(r.value()))
         offsets = next_offsets(records)
-        journal.call("send_offsets_to_transaction", producer.send_offsets_to_transaction,
-                     offsets, metadata, CALL_TIMEOUT_S, txn=txn,
-                     offsets={tp.partition: tp.offset for tp in offsets})
+        retrying(journal, "send_offsets_to_transaction", producer.send_offsets_to_transaction,
+                 offsets, metadata, CALL_TIMEOUT_S, txn=txn,
+                 offsets={tp.partition: tp.offset for tp in offsets})
         retrying(journal, "commit_transaction", producer.commit_transaction, CALL_TIMEOUT_S)
         journal.write("committed", txn=txn)
         return
@@ -265,12 +286,15 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, required=True)
     parser.add_argument("--isolation", default="read_committed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-watchdog", action="store_true", help="let a stuck call block forever")
     parser.add_argument("--rebootstrap", action="store_true",
                         help="keep librdkafka's metadata.recovery.strategy=rebootstrap")
     parser.add_argument("--debug", default="", help="librdkafka debug contexts (into the client's log)")
     args = parser.parse_args()
     journal = Journal(journal_path(args.run_dir, args.name, args.incarnation))
     journal.write("start", kind=args.kind, pid=os.getpid())
+    if not args.no_watchdog:
+        threading.Thread(target=watchdog, args=(journal,), daemon=True).start()
     try:
         RUNNERS[args.kind](args, journal)
     except (Fatal, KafkaException) as exc:

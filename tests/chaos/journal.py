@@ -26,6 +26,7 @@ class Journal:
         # Line-buffered and flushed by the OS on SIGKILL: a write() that returned is on
         # the page cache, which survives the death of the process.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        self.current: tuple[str, float] | None = None  # the call in progress: (name, monotonic start)
 
     def write(self, op: str, **fields: Any) -> None:
         self._file.write(json.dumps({"t": time.time(), "op": op, **fields}) + "\n")
@@ -33,6 +34,7 @@ class Journal:
     def call(self, name: str, fn: Callable[..., T], *args: Any, **fields: Any) -> T:
         """Run one client call between a `call` and a `ret` line; re-raise its error."""
         self.write("call", call=name, **fields)
+        self.current = (name, time.monotonic())
         try:
             result = fn(*args)
         except KafkaException as exc:
@@ -43,6 +45,8 @@ class Journal:
         except Exception as exc:
             self.write("ret", call=name, ok=False, error=f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            self.current = None
         self.write("ret", call=name, ok=True)
         return result
 

@@ -69,6 +69,7 @@ class Settings:
     isolation: str
     debug: str = ""
     rebootstrap: bool = False
+    watchdog: bool = True
     stuck_s: float = checker.STUCK_S
 
 
@@ -107,6 +108,8 @@ class Run:
             command += ["--debug", s.debug]
         if s.rebootstrap:
             command.append("--rebootstrap")
+        if not s.watchdog:
+            command.append("--no-watchdog")
         logs = s.run_dir / "logs"
         logs.mkdir(exist_ok=True)
         with open(logs / f"{client.name}.{client.incarnation}.log", "a") as log:
@@ -131,7 +134,8 @@ class Run:
                         self.log.write("client_exit", client=client.name, incarnation=client.incarnation,
                                        code=client.process.returncode)
                         client.process = None
-                        client.restart_at = time.monotonic() + 1.0
+                        # A copier at once, as after a kill (nemesis_client_kill says why).
+                        client.restart_at = time.monotonic() + (0.0 if client.kind == "copier" else 1.0)
                     if client.process is None and client.restart_at is not None \
                             and time.monotonic() >= client.restart_at:
                         self.start_client(client)
@@ -356,6 +360,8 @@ def main() -> None:
                         help="librdkafka debug contexts for the copiers, e.g. eos,broker,protocol")
     parser.add_argument("--rebootstrap", action="store_true",
                         help="clients keep librdkafka's re-bootstrap (it hangs copiers: docs/reliability.md)")
+    parser.add_argument("--no-watchdog", action="store_true",
+                        help="clients never end themselves when a call overruns its timeout")
     parser.add_argument("--stuck-s", type=float, default=checker.STUCK_S,
                         help="a client call blocked this long is a liveness anomaly")
     args = parser.parse_args()
@@ -363,7 +369,7 @@ def main() -> None:
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
     settings = Settings(args.seconds, seed, args.nodes, run_dir,
                         "read_uncommitted" if args.read_uncommitted else "read_committed",
-                        args.debug, args.rebootstrap, args.stuck_s)
+                        args.debug, args.rebootstrap, not args.no_watchdog, args.stuck_s)
     report = run_chaos(settings)
     print(report.summary(), flush=True)
     sys.exit(1 if report.anomalies else 0)
