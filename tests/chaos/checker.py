@@ -241,9 +241,11 @@ def check_readers(report: Report, journals: dict, value_txn: dict[str, Txn],
                 previous[p] = line["offset"]
 
 
-def group_commits(journals: dict) -> list[tuple[float, dict[int, int]]]:
-    """(when it returned, {partition: offset}) of every successful group commit of the readers."""
-    commits = []
+def group_commits(journals: dict) -> tuple[list, list]:
+    """The readers' group commits as (time, {partition: offset}): those acknowledged (at
+    the time they returned) and those attempted (at the time they were called). A commit
+    whose answer was lost may have been performed: it counts as attempted only."""
+    acknowledged, attempted = [], []
     for (client, _), lines in journals.items():
         if "group-reader" not in client:
             continue
@@ -251,11 +253,12 @@ def group_commits(journals: dict) -> list[tuple[float, dict[int, int]]]:
         for line in lines:
             if line["op"] == "call" and line["call"] == "commit":
                 pending = {int(p): o for p, o in line["offsets"].items()}
+                attempted.append((line["t"], pending))
             elif line["op"] == "ret" and line["call"] == "commit" and pending is not None:
                 if line["ok"]:
-                    commits.append((line["t"], pending))
+                    acknowledged.append((line["t"], pending))
                 pending = None
-    return sorted(commits, key=lambda c: c[0])
+    return acknowledged, attempted
 
 
 def committed_at(commits: list, partition: int, t: float) -> int:
@@ -265,7 +268,7 @@ def committed_at(commits: list, partition: int, t: float) -> int:
 
 def check_group_readers(report: Report, journals: dict, parts: dict[int, Partition],
                         final_offsets: dict[str, int]) -> None:
-    commits = group_commits(journals)
+    acknowledged, attempted = group_commits(journals)
     read_offsets: dict[int, set[int]] = defaultdict(set)
     for (client, inc), lines in journals.items():
         if "group-reader" not in client:
@@ -279,8 +282,10 @@ def check_group_readers(report: Report, journals: dict, parts: dict[int, Partiti
                 read_offsets[p].add(offset)
                 if p not in assigned_t:
                     continue
-                before = committed_at(commits, p, assigned_t.pop(p))  # first read since assigned
-                latest = committed_at(commits, p, line["t"])
+                # The first read since the assignment: not before what was surely committed
+                # when the assignment came, not past anything that was ever asked to be.
+                before = committed_at(acknowledged, p, assigned_t.pop(p))
+                latest = committed_at(attempted, p, line["t"])
                 who = f"{client}.{inc}"
                 if offset < before and parts[p].between(offset, before):
                     report.flag("group-offset-repeat", f"{who} started {p} at {offset}, committed {before}")

@@ -7,6 +7,7 @@ so that a failing run can be repeated: `python -m tests.chaos --seconds 40 --see
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -17,6 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from onceflow.testing import BrokerProcess
 from tests.chaos import checker
 from tests.chaos.clients import NO_REBOOTSTRAP
+from tests.chaos.journal import Journal, journal_path
 from tests.chaos.run import Settings, run_chaos
 from tests.helpers import TIMEOUT_S, create_topic
 
@@ -99,16 +101,50 @@ def test_send_offsets_returns_after_a_broker_restart(tmp_path):
         broker.kill()
 
 
+def write_final(run_dir, input_committed=(), reader_offsets=None) -> None:
+    records = [list(r) for r in input_committed]
+    (run_dir / "final.json").write_text(json.dumps({
+        "input_committed": records, "input_uncommitted": records,
+        "output_committed": [[p, o, v.upper()] for p, o, v in records], "output_uncommitted": [],
+        "copier_offsets": reader_offsets or {}, "reader_offsets": reader_offsets or {}}))
+    Journal(run_dir / "nemesis.jsonl").write("end")
+
+
 def test_checker_reports_a_call_that_overran_its_timeout(tmp_path):
     """A client stuck in one call long past its own timeout is a client-hang anomaly."""
-    from tests.chaos.journal import Journal, journal_path
     journal = Journal(journal_path(tmp_path, "chaos-copier-0", 1))
     journal.write("call", call="send_offsets_to_transaction", txn="1/1")
-    nemesis = Journal(tmp_path / "nemesis.jsonl")
-    nemesis.write("end")
-    (tmp_path / "final.json").write_text(
-        '{"input_committed": [], "input_uncommitted": [], "output_committed": [],'
-        ' "output_uncommitted": [], "copier_offsets": {}, "reader_offsets": {}}')
+    write_final(tmp_path)
     assert not checker.check(tmp_path, stuck_s=1000).anomalies
     report = checker.check(tmp_path, stuck_s=-1)
     assert list(report.anomalies) == ["client-hang"], report.summary()
+
+
+def group_run(run_dir, second_starts_at: int) -> checker.Report:
+    """Reader a reads offsets 0 and 1 and commits 2, whose answer is lost (it may have
+    been performed); offset 2 holds no record (a marker). Reader b then gets the partition
+    and starts at `second_starts_at`."""
+    writer = Journal(journal_path(run_dir, "chaos-writer-0", 1))
+    writer.write("txn", txn="1/0", values=[["w-0", 0], ["w-1", 0], ["w-3", 0], ["w-4", 0]])
+    writer.write("committed", txn="1/0")
+    a = Journal(journal_path(run_dir, "chaos-group-reader-0", 1))
+    a.write("assigned", partitions=[0])
+    for offset in (0, 1):
+        a.write("read", partition=0, offset=offset, value=f"w-{offset}")
+    a.write("call", call="commit", offsets={"0": 2})
+    a.write("ret", call="commit", ok=False, error="_TIMED_OUT")
+    b = Journal(journal_path(run_dir, "chaos-group-reader-1", 1))
+    b.write("assigned", partitions=[0])
+    for offset in range(second_starts_at, 5):
+        b.write("read", partition=0, offset=offset, value=f"w-{offset}")
+    write_final(run_dir, [[0, 0, "w-0"], [0, 1, "w-1"], [0, 3, "w-3"], [0, 4, "w-4"]], {"0": 5})
+    return checker.check(run_dir)
+
+
+def test_checker_group_offsets(tmp_path):
+    """A member may start where a commit whose answer was lost left the group, but not
+    past a committed record that no commit ever covered."""
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "skip").mkdir()
+    assert not group_run(tmp_path / "ok", 3).anomalies
+    assert "group-offset-skip" in group_run(tmp_path / "skip", 4).anomalies
