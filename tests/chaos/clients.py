@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from onceflow.examples.copier import first_offsets, next_offsets, transform
 from tests.chaos.journal import Journal, journal_path
@@ -170,7 +170,10 @@ def journal_records(journal: Journal, records: list[Message]) -> list[Message]:
         if r.error() is None:
             good.append(r)
             journal.write("read", partition=r.partition(), offset=r.offset(), value=r.value().decode())
-        elif r.error().fatal():
+        elif r.error().fatal() or r.error().code() == KafkaError._FATAL:
+            # A consumer's fatal error (e.g. FENCED_INSTANCE_ID for a static member) comes
+            # as _FATAL, not flagged fatal(): the consumer is dead, end the process.
+            journal.write("consumer_error", error=r.error().name(), detail=r.error().str())
             raise KafkaException(r.error())
         else:
             journal.write("consumer_error", error=r.error().name())
