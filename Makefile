@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench fuzz clean
+.PHONY: run test bench chaos fuzz clean
 
 $(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.sh scripts/java-clients.sh tests/js/package.json \
           scripts/console-assets.sh web/package-lock.json
@@ -20,6 +20,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+# The long chaos runs (docs/reliability.md): single node, then --nodes 3. Each prints its
+# seed; CHAOS_SEED repeats a run, CHAOS_SECONDS sets the length of each.
+CHAOS_SECONDS ?= 900
+CHAOS_SEED    ?=
+chaos: $(STAMP)
+	nice -n 10 $(BIN)/python -m tests.chaos --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+	nice -n 10 $(BIN)/python -m tests.chaos --seconds $(CHAOS_SECONDS) --nodes 3 $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 # The long fuzz runs (docs/reliability.md, "Fuzzing"): every harness in fuzz/, one at a time,
 # niced; crash files go to fuzz/artifacts/. FUZZ_RUNS=0 runs until stopped.
