@@ -314,7 +314,7 @@ def decode_offset_commit_value(data: bytes) -> OffsetCommitValue:
                              expire_timestamp_ms)
 
 
-def _decode_member(r: _Reader, version: int) -> MemberMetadataValue:
+def _decode_member(r: Reader, version: int) -> MemberMetadataValue:
     member_id = r.string()
     group_instance_id = r.nullable_string() if version >= 3 else None
     client_id = r.string()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import crc32c
 
 from onceflow.security.acl import AclBinding
 from onceflow.security.scram import ScramCredential
+from onceflow.storage.layout import replace_file
 
 SECURITY_FILE = "security.state"
 FILE_MAGIC = b"OFSE"
@@ -117,15 +117,4 @@ class SecurityStore:
 
     def _write(self, encoded: bytes) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(encoded)
-            if self._fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, self._path)
-        if self._fsync:
-            dir_fd = os.open(self._path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        replace_file(self._path, encoded, self._fsync, self._path.with_suffix(".tmp"))

@@ -250,20 +250,28 @@ def write_fully(fd: int, data: bytes | memoryview, position: int) -> None:
         written += n
 
 
+def replace_file(path: Path, data: bytes, fsync: bool = True, tmp: Path | None = None) -> None:
+    """Temp file, fsync, rename, fsync of the directory: readers find the old or the new
+    file, never half of one. `fsync=False` keeps the rename (tests, --no-fsync)."""
+    tmp = tmp or path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        write_fully(fd, data, 0)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+
+
 def write_checked_file(path: Path, magic: bytes, version: int, payload: bytes) -> None:
     """Atomically replaces `path` with a checked file holding `payload`."""
     if len(payload) > CHECKED_PAYLOAD_BYTES_MAX:
         raise AssertionError(f"{path.name}: payload of {len(payload)} bytes is too large")
     header = CHECKED_HEADER.pack(magic, version, len(payload), crc32c.crc32c(payload))
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        write_fully(fd, header + payload, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_file(path, header + payload)
 
 
 def read_checked_file(path: Path, magic: bytes, versions: tuple[int, ...]) -> tuple[int, bytes]:

@@ -17,12 +17,13 @@ File layout (big-endian, 18 bytes):
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 from pathlib import Path
 
 import crc32c
+
+from onceflow.storage.layout import replace_file
 
 PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's block size: one fsync per 1000 InitProducerId calls
 PRODUCER_ID_MAX = 2**63 - 1  # producer ids are int64
@@ -99,17 +100,4 @@ class ProducerIdAllocator:
     def _write(self, next_block_start: int) -> None:
         data = encode_next_block_start(next_block_start)
         assert decode_next_block_start(data) == next_block_start
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            written = f.write(data)
-            assert written == len(data)
-            f.flush()
-            if self._fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, self._path)
-        if self._fsync:
-            dir_fd = os.open(self._path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        replace_file(self._path, data, self._fsync, self._path.with_name(self._path.name + ".tmp"))

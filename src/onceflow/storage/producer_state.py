@@ -41,7 +41,6 @@ is still recognised as a duplicate after a restart:
 """
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -64,6 +63,7 @@ from onceflow.protocol.records import (
     EndTxnMarker,
     last_sequence,
 )
+from onceflow.storage.layout import replace_file
 
 BATCHES_RETAINED = 5  # Kafka's NUM_BATCHES_TO_RETAIN: why max.in.flight <= 5 is safe
 PRODUCER_ID_EXPIRATION_MS_DEFAULT = 86_400_000  # producer.id.expiration.ms, 1 day
@@ -664,18 +664,6 @@ def _snapshot_files(directory: Path) -> list[Path]:
 
 
 def _write_atomically(path: Path, data: bytes, fsync: bool) -> None:
-    """Temp file, fsync, rename, fsync of the directory: the old or the new file, never half."""
+    """The old or the new snapshot, never half (layout.replace_file)."""
     tmp = path.with_name(path.name.removesuffix(SNAPSHOT_SUFFIX) + SNAPSHOT_TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        written = f.write(data)
-        assert written == len(data)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    replace_file(path, data, fsync, tmp)

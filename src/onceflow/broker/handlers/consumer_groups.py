@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles, route_group
-from onceflow.security.acl import Operation, ResourceType
+from onceflow.security.acl import Operation
 from onceflow.groups.consumer.coordinator import DescribedConsumerGroup
 from onceflow.groups.consumer.heartbeat import HeartbeatRequest
 from onceflow.protocol.codec import to_ms
