@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer
 
 from onceflow.broker.embedded import Broker
-from tests.helpers import TIMEOUT_S, create_topic, unique
+from tests.helpers import TIMEOUT_S, create_topic, read_partition, unique
 
 TMPFS_BYTES = 12 * 1024 * 1024
 SPARE_BYTES = 3 * 1024 * 1024  # a file taken away once the disk is full: space comes back
@@ -65,24 +65,7 @@ def _produce(bootstrap: str, topic: str, count: int) -> tuple[dict[int, bytes], 
 
 
 def _read(bootstrap: str, topic: str) -> dict[int, bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("r"),
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        out: dict[int, bytes] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = consumer.poll(1)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise AssertionError(message.error())
-            out[message.offset()] = message.value()
-        raise AssertionError("no end of partition within 30 s")
-    finally:
-        consumer.close()
+    return {m.offset(): m.value() for m in read_partition(bootstrap, topic, 0, 30)}
 
 
 def test_disk_full_answers_storage_error_and_loses_nothing(small_disk):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import random
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from onceflow.testing import BrokerProcess
-from tests.helpers import TIMEOUT_S, create_topic, unique
+from tests.helpers import TIMEOUT_S, create_topic, read_partition, unique
 
 CYCLES = 8
 KEYS = [f"key-{i}".encode() for i in range(300)]
@@ -45,24 +45,7 @@ def _write(bootstrap: str, topic: str, acked: dict[int, tuple[bytes, bytes]], co
 
 
 def _read_all(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("r"),
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    try:
-        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-        out = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            message = consumer.poll(1)
-            if message is None:
-                continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                raise AssertionError(message.error())
-            out.append((message.offset(), message.key(), message.value()))
-        raise AssertionError("no end of partition within 60 s")
-    finally:
-        consumer.close()
+    return [(m.offset(), m.key(), m.value()) for m in read_partition(bootstrap, topic, 0, 60)]
 
 
 def test_kill_during_cleaning_loses_and_duplicates_nothing(tmp_path):
