@@ -1,15 +1,15 @@
 """Users (SCRAM credentials) and ACLs, kept durably in one small file of the data directory.
 
 Theory of operation. The whole security state is small (users and ACLs number in the
-hundreds), so every change rewrites one file the way the producer id file is written
-(storage/producer_ids.py): temp file, fsync, rename, fsync of the directory. A change is
+hundreds), so every change rewrites one checked file (storage.layout.write_checked_file: temp file,
+fsync, rename, fsync of the directory). A change is
 prepared as a new value (`SecurityData`), persisted, and only then applied, so a crash
 leaves either the old or the new state; loading at start is reading that value back.
 A file that fails its checks stops the broker: guessing could open access.
 
 File layout:
 
-    magic "OFSE" | version u16 | crc32c u32 of the body | body (UTF-8 JSON)
+    magic "OFSE" | version u16 | length u32 | crc32c u32 of the body | body (UTF-8 JSON)
 
 The body holds salted SCRAM keys (never a password) and ACL bindings.
 """
@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import struct
 from pathlib import Path
-
-import crc32c
 
 from onceflow.security.acl import AclBinding
 from onceflow.security.scram import ScramCredential
-from onceflow.storage.layout import replace_file
+from onceflow.storage.layout import CorruptFileError, read_checked_file, write_checked_file
 
 SECURITY_FILE = "security.state"
 FILE_MAGIC = b"OFSE"
 FILE_VERSION = 1
-_PREFIX = struct.Struct(">4sHI")
 
 
 class SecurityFileCorrupt(Exception):
@@ -44,23 +40,15 @@ class SecurityData:
     acls: frozenset[AclBinding] = frozenset()
 
     def encode(self) -> bytes:
-        body = json.dumps({
+        """The file's payload (storage.layout's checked file frames it)."""
+        return json.dumps({
             "users": {user: {m: c.to_json() for m, c in creds.items()}
                       for user, creds in sorted(self.users.items())},
             "acls": [acl.to_json() for acl in sorted(self.acls)],
         }, sort_keys=True).encode()
-        return _PREFIX.pack(FILE_MAGIC, FILE_VERSION, crc32c.crc32c(body)) + body
 
     @classmethod
-    def decode(cls, data: bytes) -> SecurityData:
-        if len(data) < _PREFIX.size:
-            raise SecurityFileCorrupt(f"{len(data)} bytes is shorter than the header")
-        magic, version, crc = _PREFIX.unpack_from(data)
-        if magic != FILE_MAGIC or version != FILE_VERSION:
-            raise SecurityFileCorrupt(f"unknown format {magic!r} v{version}")
-        body = data[_PREFIX.size:]
-        if crc32c.crc32c(body) != crc:
-            raise SecurityFileCorrupt("CRC mismatch")
+    def decode(cls, body: bytes) -> SecurityData:
         try:
             raw = json.loads(body)
             users = {user: {m: ScramCredential.from_json(c) for m, c in creds.items()}
@@ -97,10 +85,12 @@ class SecurityStore:
 
     def _load(self) -> SecurityData:
         try:
-            raw = self._path.read_bytes()
+            _version, body = read_checked_file(self._path, FILE_MAGIC, (FILE_VERSION,))
         except FileNotFoundError:
             return SecurityData()
-        return SecurityData.decode(raw)
+        except CorruptFileError as exc:
+            raise SecurityFileCorrupt(str(exc)) from None
+        return SecurityData.decode(body)
 
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.data.users.get(user, {}).get(mechanism)
@@ -117,4 +107,4 @@ class SecurityStore:
 
     def _write(self, encoded: bytes) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(self._path, encoded, self._fsync, self._path.with_suffix(".tmp"))
+        write_checked_file(self._path, FILE_MAGIC, FILE_VERSION, encoded, self._fsync)

@@ -266,12 +266,13 @@ def replace_file(path: Path, data: bytes, fsync: bool = True, tmp: Path | None =
         fsync_dir(path.parent)
 
 
-def write_checked_file(path: Path, magic: bytes, version: int, payload: bytes) -> None:
+def write_checked_file(path: Path, magic: bytes, version: int, payload: bytes,
+                       fsync: bool = True) -> None:
     """Atomically replaces `path` with a checked file holding `payload`."""
     if len(payload) > CHECKED_PAYLOAD_BYTES_MAX:
         raise AssertionError(f"{path.name}: payload of {len(payload)} bytes is too large")
     header = CHECKED_HEADER.pack(magic, version, len(payload), crc32c.crc32c(payload))
-    replace_file(path, header + payload)
+    replace_file(path, header + payload, fsync)
 
 
 def read_checked_file(path: Path, magic: bytes, versions: tuple[int, ...]) -> tuple[int, bytes]:
