@@ -25,7 +25,12 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 # librdkafka reports "connection refused" within milliseconds through error_cb, so this
 # only bounds the silent cases (a firewall dropping packets, a broker that hangs).
 METADATA_TIMEOUT_S = 10.0
-# Slice of that budget per attempt: between slices we serve error_cb to fail fast.
+# The first attempt's share of that budget; between attempts we serve error_cb to fail
+# fast. Each attempt waits twice as long as the one before (up to what is left), because an
+# attempt that gives up does not cancel its request: with a fixed slice shorter than the
+# broker takes to answer (0.3-0.7 s for a full Metadata of 10,000 partitions, measured on
+# onceflow) every attempt would give up and the requests would only pile up behind each
+# other.
 METADATA_ATTEMPT_S = 0.25
 # librdkafka errors kept per client (error_cb): enough to explain a failure, bounded for
 # a client that runs for days while a broker comes and goes.
@@ -89,11 +94,14 @@ def fetch_metadata(
 ) -> ClusterMetadata:
     """Cluster metadata, or ClientError as soon as every broker is known to be down."""
     deadline = time.monotonic() + timeout_s
+    attempt_s = METADATA_ATTEMPT_S
     while True:
         try:
-            return client.list_topics(timeout=METADATA_ATTEMPT_S)
+            return client.list_topics(
+                timeout=max(min(attempt_s, deadline - time.monotonic()), 0.01))
         except KafkaException as exc:
             last = exc.args[0]
+        attempt_s *= 2
         client.poll(0)  # serves error_cb
         refused = any(e.code() in FATAL_CONNECT_ERRORS for e in errors)
         if refused or time.monotonic() >= deadline:
