@@ -357,7 +357,9 @@ def test_restart_from_checkpoint_has_no_duplicates_or_gaps(spark, bootstrap, tmp
     ({"kafka.isolation.level": "serializable"}, "kafka.isolation.level must be one of"),
     ({"maxOffsetsPerTrigger": "-3"}, "maxOffsetsPerTrigger must be a positive integer"),
     ({"includeHeaders": "yes"}, "includeHeaders must be true or false"),
-    ({"subscribePattern": "t.*"}, "subscribePattern is not supported"),
+    ({"subscribePattern": "t.*"}, "only one of the options subscribe, subscribePattern, assign"),
+    ({"maxOffsetPerTrigger": "5"}, r"(?i)unknown option maxOffsetPerTrigger of onceflow-kafka \(did you mean maxOffsetsPerTrigger\?\)"),
+    ({"endingTimestamp": "5"}, "endingTimestamp is for batch queries only"),
 ])
 def test_bad_options_fail_with_a_clear_message(spark, bootstrap, options, message):
     options = dict(options)

@@ -24,6 +24,7 @@ the high watermark under read_uncommitted (ListOffsets with the isolation level)
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 
 Positions = dict[tuple[str, int], int]
@@ -62,14 +63,17 @@ def from_offsets(offsets: dict | None) -> Positions:
     return positions
 
 
-def parse_offset_option(option: str, text: str, topics: Iterable[str], *,
-                        allow_earliest: bool, allow_latest: bool) -> str | Positions:
+def parse_offset_option(option: str, text: str, topics: Iterable[str] | None, *,
+                        allow_earliest: bool, allow_latest: bool,
+                        keywords: bool = True) -> str | Positions:
     """Check a startingOffsets/endingOffsets value: "earliest", "latest" or a JSON map.
 
     Returns the keyword, or {(topic, partition): offset} with -2/-1 kept symbolic.
+    `topics` None accepts any topic (subscribePattern). With `keywords` False the value
+    must be the JSON map and its numbers are timestamps (startingOffsetsByTimestamp).
     """
     keyword = text.strip().lower()
-    if keyword in ("earliest", "latest"):
+    if keywords and keyword in ("earliest", "latest"):
         if keyword == "earliest" and not allow_earliest:
             raise SourceOptionError(f"option {option}: 'earliest' is not allowed here")
         if keyword == "latest" and not allow_latest:
@@ -79,19 +83,22 @@ def parse_offset_option(option: str, text: str, topics: Iterable[str], *,
     try:
         parsed = json.loads(text)
     except ValueError as error:
-        raise SourceOptionError(f"option {option}: expected 'earliest', 'latest' or JSON like "
-                                f'{{"topic": {{"0": 23, "1": -2}}}}, got {text!r} ({error})') from None
+        example = ("'earliest', 'latest' or JSON like " if keywords else "JSON like ") + (
+            '{"topic": {"0": 23, "1": -2}}' if keywords else '{"topic": {"0": 1700000000000}}')
+        raise SourceOptionError(f"option {option}: expected {example}, got {text!r} ({error})") from None
     if not isinstance(parsed, dict) or not parsed:
         raise SourceOptionError(f"option {option}: the JSON must be a non-empty object "
-                                f"{{topic: {{partition: offset}}}}, got {text!r}")
-    return _json_positions(option, parsed, set(topics), allow_earliest, allow_latest)
+                                f"{{topic: {{partition: {'offset' if keywords else 'timestamp'}}}}}, "
+                                f"got {text!r}")
+    return _json_positions(option, parsed, None if topics is None else set(topics),
+                           allow_earliest, allow_latest, 0 if not keywords else EARLIEST)
 
 
-def _json_positions(option: str, parsed: dict, topics: set[str], allow_earliest: bool,
-                    allow_latest: bool) -> Positions:
+def _json_positions(option: str, parsed: dict, topics: set[str] | None, allow_earliest: bool,
+                    allow_latest: bool, lowest: int) -> Positions:
     positions: Positions = {}
     for topic, partitions in parsed.items():
-        if topic not in topics:
+        if topics is not None and topic not in topics:
             raise SourceOptionError(f"option {option}: topic {topic!r} is not in subscribe "
                                     f"({', '.join(sorted(topics))})")
         if not isinstance(partitions, dict) or not partitions:
@@ -101,9 +108,11 @@ def _json_positions(option: str, parsed: dict, topics: set[str], allow_earliest:
             if not str(partition).isdigit() or isinstance(offset, bool) or not isinstance(offset, int):
                 raise SourceOptionError(f"option {option}: {topic}[{partition!r}] = {offset!r} is "
                                         "not a partition number with an integer offset")
-            if offset < EARLIEST:
-                raise SourceOptionError(f"option {option}: offset {offset} of {topic}-{partition}"
-                                        " is negative (only -2 = earliest, -1 = latest)")
+            if offset < lowest:
+                raise SourceOptionError(
+                    f"option {option}: {'offset' if lowest < 0 else 'timestamp'} {offset} of "
+                    f"{topic}-{partition} is negative"
+                    f"{' (only -2 = earliest, -1 = latest)' if lowest < 0 else ''}")
             if (offset == EARLIEST and not allow_earliest) or (offset == LATEST and not allow_latest):
                 raise SourceOptionError(f"option {option}: offset {offset} of {topic}-{partition}"
                                         " is not allowed here")
@@ -174,55 +183,71 @@ def rate_limit(start: Positions, available: Positions, rows_max: int) -> Positio
 
 
 class OffsetReader:
-    """The driver's view of Kafka: partitions of the subscribed topics and their offsets."""
+    """The driver's view of Kafka: the subscribed partitions and their offsets. A query that
+    fails with a retriable client error is asked again up to `retries` times,
+    `retry_interval_ms` apart (Spark's fetchOffset.numRetries / retryIntervalMs)."""
 
-    def __init__(self, config: dict[str, str], topics: list[str], read_committed: bool) -> None:
+    def __init__(self, config: dict[str, str], subscription, read_committed: bool,
+                 retries: int = 3, retry_interval_ms: int = 1_000) -> None:
         from confluent_kafka.admin import AdminClient
 
-        self.topics = topics
+        self.subscription = subscription
         self.read_committed = read_committed
+        self.retries = retries
+        self.retry_interval_s = retry_interval_ms / 1000
         self._admin = AdminClient(config)
 
     def partitions(self) -> list[tuple[str, int]]:
-        """Partitions of the subscribed topics that exist now (missing topics have none)."""
+        """The subscribed partitions that exist now (missing topics have none)."""
         metadata = self._call("list topics", lambda: self._admin.list_topics(timeout=ADMIN_TIMEOUT_S))
-        found = []
-        for topic in self.topics:
-            info = metadata.topics.get(topic)
-            if info is not None and info.error is None:
-                found.extend((topic, partition) for partition in info.partitions)
-        return sorted(found)
+        existing = {name: list(info.partitions) for name, info in metadata.topics.items()
+                    if info.error is None}
+        return self.subscription.select(existing)
 
     def earliest(self, partitions: Iterable[tuple[str, int]]) -> Positions:
         """Log start offsets."""
         from confluent_kafka.admin import OffsetSpec
 
-        return self._list_offsets(partitions, OffsetSpec.earliest())
+        return self._list_offsets({tp: OffsetSpec.earliest() for tp in partitions})
 
     def latest(self, partitions: Iterable[tuple[str, int]]) -> Positions:
         """Last stable offsets (read_committed) or high watermarks (read_uncommitted)."""
         from confluent_kafka.admin import OffsetSpec
 
-        return self._list_offsets(partitions, OffsetSpec.latest())
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in partitions})
 
-    def _list_offsets(self, partitions: Iterable[tuple[str, int]], spec) -> Positions:
+    def for_times(self, timestamps: dict[tuple[str, int], int]) -> Positions:
+        """The first offset whose record time is at or after each partition's timestamp;
+        -1 where no record is that new."""
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list_offsets({tp: OffsetSpec.for_timestamp(ms) for tp, ms in timestamps.items()})
+
+    def _list_offsets(self, specs: dict) -> Positions:
         from confluent_kafka import IsolationLevel, TopicPartition
 
-        wanted = list(partitions)
-        if not wanted:
+        if not specs:
             return {}
         isolation = IsolationLevel.READ_COMMITTED if self.read_committed else IsolationLevel.READ_UNCOMMITTED
-        request = {TopicPartition(topic, partition): spec for topic, partition in wanted}
-        futures = self._call("list offsets", lambda: self._admin.list_offsets(
-            request, isolation_level=isolation, request_timeout=ADMIN_TIMEOUT_S))
-        return {(tp.topic, tp.partition): self._call(f"list offsets of {tp.topic}-{tp.partition}",
-                                                     lambda f=future: f.result().offset)
-                for tp, future in futures.items()}
+        request = {TopicPartition(topic, partition): spec for (topic, partition), spec in specs.items()}
+
+        def query() -> Positions:
+            futures = self._admin.list_offsets(request, isolation_level=isolation,
+                                               request_timeout=ADMIN_TIMEOUT_S)
+            return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
+
+        return self._call("list offsets", query)
 
     def _call(self, what: str, action):
         from confluent_kafka import KafkaException
 
-        try:
-            return action()
-        except KafkaException as error:
-            raise RuntimeError(f"onceflow-kafka: {what} failed for topics {self.topics}: {error}") from None
+        for attempt in range(self.retries + 1):
+            try:
+                return action()
+            except KafkaException as error:
+                retriable = error.args[0].retriable() if error.args else False
+                if not retriable or attempt == self.retries:
+                    raise RuntimeError(f"onceflow-kafka: {what} failed for "
+                                       f"{self.subscription.describe()}: {error}") from None
+            time.sleep(self.retry_interval_s)
+        raise AssertionError("unreachable")

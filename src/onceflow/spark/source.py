@@ -22,12 +22,11 @@ Theory of operation. The driver plans, the executors read:
   `latestOffset` honours whatever limit Spark passes (offsets.rate_limit).
   `prepareForTriggerAvailableNow` freezes the latest offsets as the target of the query.
 
-Options are documented in docs/spark-source.md.
+Options (parsed in source_options.py) are documented in docs/spark-source.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 
@@ -56,15 +55,23 @@ from onceflow.spark.offsets import (
     Positions,
     SourceOptionError,
     from_offsets,
-    parse_offset_option,
     rate_limit,
     resolve,
     to_offsets,
 )
-from onceflow.spark.options import boolean_option, integer_option
+from onceflow.spark.source_options import (
+    PositionSpec,
+    SourceOptions,
+    Timestamps,
+    TriggerDelay,
+    parse_options,
+    split_ranges,
+    timestamp_offsets,
+    timestamps_wanted,
+)
 
 __all__ = ["DataLossError", "KafkaBatchReader", "KafkaRange", "KafkaStreamReader",
-           "SourceOptionError", "kafka_schema"]
+           "SourceOptionError", "kafka_schema", "parse_options"]
 
 # Rows per RecordBatch handed to Spark: big enough to amortise the Arrow hand-off,
 # small enough to bound a task's memory (10k x 1 MB values is still 10 GB - a bound on
@@ -73,102 +80,11 @@ ARROW_BATCH_ROWS = 10_000
 # How long one consume() call waits for its batch to fill before the loop re-checks the
 # consumer position (the tail of a range may be markers that never arrive as messages).
 CONSUME_WAIT_S = 0.1
-# Spark's Kafka source default for kafkaConsumer.pollTimeoutMs (spark.network.timeout).
-POLL_TIMEOUT_MS_DEFAULT = 120_000
-# The executors' consumers never join or commit to this group; Kafka clients need one.
-GROUP_ID_DEFAULT = "onceflow-spark-source"
-
-# Spark options of the Kafka source that onceflow-kafka does not implement.
-UNSUPPORTED_OPTIONS = ("assign", "subscribePattern", "startingOffsetsByTimestamp",
-                       "endingOffsetsByTimestamp", "startingTimestamp", "endingTimestamp",
-                       "startingOffsetsByTimestampStrategy", "minOffsetsPerTrigger",
-                       "maxTriggerDelay", "minPartitions")
-# kafka.* settings the source must control itself, with the reason given to the user.
-REFUSED_KAFKA_SETTINGS = {
-    "auto.offset.reset": "use startingOffsets (and failOnDataLoss for deleted offsets)",
-    "enable.auto.commit": "the source never commits offsets to Kafka; Spark's checkpoint holds them",
-    "enable.auto.offset.store": "the source never commits offsets to Kafka",
-    "enable.partition.eof": "the read tasks rely on partition-EOF events",
-    "key.deserializer": "keys and values are always returned as binary",
-    "value.deserializer": "keys and values are always returned as binary",
-}
-ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-# librdkafka consumer-only settings: the driver's AdminClient is a producer-type client and
-# would log a warning for each; they only go to the executors' consumers.
-CONSUMER_ONLY_PREFIXES = ("fetch.", "queued.", "group.", "auto.commit.")
-CONSUMER_ONLY_SETTINGS = ("max.partition.fetch.bytes", "session.timeout.ms", "heartbeat.interval.ms",
-                          "max.poll.interval.ms", "check.crcs", "partition.assignment.strategy",
-                          "coordinator.query.interval.ms", "allow.auto.create.topics",
-                          "consume.callback.max.messages")
 
 # confluent-kafka error codes the read loop acts on (librdkafka's internal codes).
 ERR_PARTITION_EOF = -191
 ERR_AUTO_OFFSET_RESET = -140
 ERR_OFFSET_OUT_OF_RANGE = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceOptions:
-    """The parsed options; picklable, shipped to the executors with the reader."""
-
-    topics: tuple[str, ...]
-    starting: str | None
-    ending: str | None
-    max_offsets_per_trigger: int | None
-    include_headers: bool
-    read_committed: bool
-    fail_on_data_loss: bool
-    poll_timeout_ms: int
-    kafka: dict[str, str]  # client settings without the "kafka." prefix
-
-    def admin_config(self) -> dict[str, str]:
-        return {key: value for key, value in self.kafka.items()
-                if not key.startswith(CONSUMER_ONLY_PREFIXES) and key not in CONSUMER_ONLY_SETTINGS}
-
-    def consumer_config(self) -> dict[str, str | bool]:
-        return {"group.id": GROUP_ID_DEFAULT, **self.kafka,
-                "isolation.level": "read_committed" if self.read_committed else "read_uncommitted",
-                "enable.auto.commit": False, "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                # "error" surfaces deleted offsets; "earliest" skips past them.
-                "auto.offset.reset": "error" if self.fail_on_data_loss else "earliest"}
-
-
-def parse_options(options: Mapping[str, str]) -> SourceOptions:
-    """Check Spark's (case-insensitive) option map; SourceOptionError names the bad option."""
-    given = {str(key).lower(): str(value) for key, value in options.items()}
-    for name in UNSUPPORTED_OPTIONS:
-        if name.lower() in given:
-            raise SourceOptionError(f"option {name} is not supported by onceflow-kafka "
-                                    "(use subscribe, startingOffsets, endingOffsets)")
-    if not given.get("kafka.bootstrap.servers", "").strip():
-        raise SourceOptionError("option kafka.bootstrap.servers is required")
-    topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
-    if not topics:
-        raise SourceOptionError("option subscribe is required: a comma-separated list of topics")
-    kafka = {key[len("kafka."):]: value for key, value in given.items() if key.startswith("kafka.")}
-    for key, reason in REFUSED_KAFKA_SETTINGS.items():
-        if key in kafka:
-            raise SourceOptionError(f"option kafka.{key} is not allowed: {reason}")
-    isolation = kafka.pop("isolation.level", "read_committed").strip().lower()
-    if isolation not in ISOLATION_LEVELS:
-        raise SourceOptionError(f"option kafka.isolation.level must be one of {ISOLATION_LEVELS}, "
-                                f"got {isolation!r}")
-    return SourceOptions(
-        topics=topics, starting=given.get("startingoffsets"), ending=given.get("endingoffsets"),
-        max_offsets_per_trigger=_positive_int(given, "maxoffsetspertrigger", "maxOffsetsPerTrigger"),
-        include_headers=boolean_option(given, "includeheaders", "includeHeaders", False,
-                                       SourceOptionError),
-        read_committed=isolation == "read_committed",
-        fail_on_data_loss=boolean_option(given, "failondataloss", "failOnDataLoss", True,
-                                         SourceOptionError),
-        poll_timeout_ms=_positive_int(given, "kafkaconsumer.polltimeoutms",
-                                      "kafkaConsumer.pollTimeoutMs") or POLL_TIMEOUT_MS_DEFAULT,
-        kafka=kafka)
-
-
-def _positive_int(given: Mapping[str, str], key: str, name: str) -> int | None:
-    return integer_option(given, key, name, None, 1, SourceOptionError, "a positive integer")
 
 
 def kafka_schema(options: Mapping[str, str]) -> StructType:
@@ -200,8 +116,10 @@ class _KafkaReader:
     """What the batch and the stream reader share: options, the schema check, the driver's
     offset reader (created on first use, never pickled) and the executors' read()."""
 
+    streaming = False
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.options = parse_options(options)
+        self.options = parse_options(options, self.streaming)
         expected = kafka_schema(options)
         if schema.simpleString() != expected.simpleString():
             raise SourceOptionError(f"onceflow-kafka has a fixed schema {expected.simpleString()}; "
@@ -215,9 +133,25 @@ class _KafkaReader:
 
     def offset_reader(self) -> OffsetReader:
         if self._offset_reader is None:
-            self._offset_reader = OffsetReader(self.options.admin_config(), list(self.options.topics),
-                                               self.options.read_committed)
+            self._offset_reader = OffsetReader(
+                self.options.admin_config(), self.options.subscription, self.options.read_committed,
+                self.options.fetch_offset_retries, self.options.fetch_offset_retry_interval_ms)
         return self._offset_reader
+
+    def resolve_position(self, option: str, spec: PositionSpec, found: list[tuple[str, int]],
+                         earliest: Positions, latest: Positions, starting: bool) -> Positions:
+        """Offsets of a start or end spec: keywords and offsets JSON, or record times."""
+        if not isinstance(spec, Timestamps):
+            return resolve(option, spec, found, earliest, latest)
+        wanted = timestamps_wanted(spec, found, option)
+        return timestamp_offsets(spec, found, self.offset_reader().for_times(wanted), latest, starting)
+
+    def ranges(self, start: Positions, end: Positions) -> list[KafkaRange]:
+        """One task per partition with offsets to read, cut by minPartitions and
+        maxRecordsPerPartition."""
+        spans = [(t, p, start[(t, p)], end[(t, p)]) for t, p in sorted(end) if (t, p) in start]
+        return [KafkaRange(*span) for span in split_ranges(
+            spans, self.options.min_partitions, self.options.max_records_per_partition)]
 
     def read(self, partition: InputPartition) -> Iterator:
         if not isinstance(partition, KafkaRange):  # Spark's placeholder when there is nothing
@@ -239,27 +173,20 @@ class KafkaBatchReader(_KafkaReader, DataSourceReader):
     """`spark.read.format("onceflow-kafka")`: startingOffsets (default earliest) to
     endingOffsets (default latest), fixed when the query is planned."""
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        super().__init__(options, schema)
-        topics = self.options.topics
-        self._starting = parse_offset_option("startingOffsets", self.options.starting or "earliest",
-                                             topics, allow_earliest=True, allow_latest=False)
-        self._ending = parse_offset_option("endingOffsets", self.options.ending or "latest",
-                                           topics, allow_earliest=False, allow_latest=True)
-
     def partitions(self) -> list[KafkaRange]:
         reader = self.offset_reader()
         found = reader.partitions()
         earliest, latest = reader.earliest(found), reader.latest(found)
-        start = resolve("startingOffsets", self._starting, found, earliest, latest)
-        end = resolve("endingOffsets", self._ending, found, earliest, latest)
+        start = self.resolve_position("startingOffsets", self.options.starting or "earliest", found,
+                                      earliest, latest, starting=True)
+        end = self.resolve_position("endingOffsets", self.options.ending or "latest", found,
+                                    earliest, latest, starting=False)
         start = self._check_data_loss(start, earliest)
         for (topic, partition), offset in sorted(start.items()):
             if offset > end[(topic, partition)]:
-                raise SourceOptionError(f"startingOffsets {offset} of {topic}-{partition} is after "
-                                        f"its endingOffsets {end[(topic, partition)]}")
-        return [KafkaRange(t, p, start[(t, p)], end[(t, p)]) for t, p in found
-                if end[(t, p)] > start[(t, p)]]
+                raise SourceOptionError(f"the start {offset} of {topic}-{partition} is after "
+                                        f"its end {end[(topic, partition)]}")
+        return self.ranges(start, end)
 
 
 class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -267,23 +194,24 @@ class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAva
     planning process for the whole run of a query; its state (the resolved initial
     position, the availableNow target) lasts that long."""
 
+    streaming = True
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
-        if self.options.ending is not None:
-            raise SourceOptionError("option endingOffsets is for batch queries only "
-                                    "(a streaming query has no end; use Trigger.AvailableNow)")
-        self._starting = parse_offset_option("startingOffsets", self.options.starting or "latest",
-                                             self.options.topics, allow_earliest=True, allow_latest=True)
         self._initial: Positions | None = None
         self._target: Positions | None = None
+        minimum = self.options.min_offsets_per_trigger
+        self._delay = None if minimum is None else TriggerDelay(minimum,
+                                                                 self.options.max_trigger_delay_ms)
 
     def initialOffset(self) -> dict:
         # Resolved once per run: Spark asks again on every trigger until the first batch.
         if self._initial is None:
             reader = self.offset_reader()
             found = reader.partitions()
-            self._initial = resolve("startingOffsets", self._starting, found,
-                                    reader.earliest(found), reader.latest(found))
+            self._initial = self.resolve_position("startingOffsets", self.options.starting or "latest",
+                                                  found, reader.earliest(found), reader.latest(found),
+                                                  starting=True)
         return to_offsets(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -310,6 +238,9 @@ class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAva
         if self._target is not None:
             latest = {tp: max(offset, origin[tp]) for tp, offset in latest.items()}
         end = dict(begin)
+        if self._delay is not None and self._target is None and self._delay.hold(
+                _backlog(origin, latest), time.time() * 1000):
+            return start
         if isinstance(limit, ReadMaxRows):
             end.update(rate_limit(origin, latest, limit.max_rows))
         elif isinstance(limit, ReadMinRows) and _backlog(origin, latest) < limit.min_rows:
@@ -332,8 +263,7 @@ class KafkaStreamReader(_KafkaReader, DataSourceStreamReader, SupportsTriggerAva
         new = [tp for tp in finish if tp not in begin]
         if new:  # partitions discovered by this batch start at their earliest offset
             begin.update(self.offset_reader().earliest(new))
-        return [KafkaRange(t, p, begin[(t, p)], finish[(t, p)]) for t, p in sorted(finish)
-                if finish[(t, p)] > begin[(t, p)]]
+        return self.ranges(begin, finish)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: positions live in Spark's checkpoint, never in a Kafka group."""
