@@ -89,7 +89,9 @@ def local_path(checkpoint: str | Path) -> Path:
     if text.startswith("file:"):
         return Path(text.removeprefix("file:"))
     if "://" in text:
-        raise CheckpointError(f"{text}: only local checkpoints can be read here")
+        raise CheckpointError(f"{text}: only local checkpoints (a path or a file: URI) can be read "
+                              "here; copy the checkpoint to this machine first (for HDFS: "
+                              f"hdfs dfs -get {text} DIR) and give DIR")
     return Path(text)
 
 
