@@ -42,7 +42,9 @@ def run(
     bootstrap_servers: Annotated[str | None, typer.Option(
         "--bootstrap-servers", "-b",
         help="Kafka brokers; default: the pipeline's, else $ONCEFLOW_BOOTSTRAP_SERVERS.")] = None,
-    checkpoint: Annotated[Path | None, typer.Option(help="Checkpoint directory instead of the pipeline's.")] = None,
+    # A str, not a Path: Path("hdfs://nn/cp") would turn the URI into "hdfs:/nn/cp".
+    checkpoint: Annotated[str | None, typer.Option(
+        help="Checkpoint directory (or URI: hdfs://..., s3a://...) instead of the pipeline's.")] = None,
     available_now: Annotated[bool, typer.Option(
         "--available-now", help="Process what the source holds now, then stop.")] = False,
     until_idle: Annotated[float | None, typer.Option(

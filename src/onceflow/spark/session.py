@@ -34,8 +34,32 @@ RUNNER_ENV_KEYS = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFE
 _LOCAL_WITHOUT_ATTEMPTS = re.compile(r"^local\[(\d+|\*)\]$")
 
 # A laptop or CI runner has few cores: Spark's default of 200 shuffle partitions turns
-# every aggregation into 200 tiny tasks.
+# every aggregation into 200 tiny tasks. On a cluster the default becomes the cluster's
+# cores (Spark's defaultParallelism once the executors have registered), unless the
+# caller sets spark.sql.shuffle.partitions: a streaming aggregation keeps the number of
+# its first run in its checkpoint, and 200 state partitions made a small windowed job 6
+# times slower than 4 on a 2-worker cluster.
 LOCAL_SHUFFLE_PARTITIONS = 4
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+# What an executor's Python must import for onceflow's data sources; without them a task
+# dies in its Python worker and the cause is only on that executor's stderr.
+EXECUTOR_MODULES = ("onceflow", "confluent_kafka", "pyarrow")
+# The probe runs on the executors, where onceflow may be missing: it is compiled into a
+# module name that is not importable, so cloudpickle ships it by value, and it imports
+# nothing but the standard library.
+_PROBE_SOURCE = """
+def probe(_rows, modules={modules!r}):
+    import importlib.util
+    import socket
+    import sys
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    yield socket.gethostname(), sys.executable, sys.version.split()[0], tuple(missing)
+"""
+
+
+class ExecutorEnvironmentError(RuntimeError):
+    """An executor's Python lacks what onceflow's data sources need."""
 
 
 def register(spark: SparkSession) -> SparkSession:
@@ -83,13 +107,41 @@ def with_task_retries(master: str) -> str:
     return f"local[{match.group(1)},{LOCAL_TASK_ATTEMPTS}]" if match else master
 
 
+def check_executors(spark: SparkSession, modules: tuple[str, ...] = EXECUTOR_MODULES) -> None:
+    """Run a probe task on every executor core; ExecutorEnvironmentError naming each
+    host and Python that lacks one of `modules`."""
+    namespace: dict[str, Any] = {"__name__": "__onceflow_executor_probe__"}
+    exec(_PROBE_SOURCE.format(modules=tuple(modules)), namespace)  # noqa: S102 - our own code
+    context = spark.sparkContext
+    slots = max(context.defaultParallelism, 1)
+    found = set(context.parallelize(range(slots), slots).mapPartitions(namespace["probe"]).collect())
+    lacking = sorted(entry for entry in found if entry[3])
+    if lacking:
+        detail = "; ".join(f"{host}: {python} (Python {version}) lacks {', '.join(missing)}"
+                           for host, python, version, missing in lacking)
+        raise ExecutorEnvironmentError(
+            f"the executors' Python cannot run onceflow's data sources: {detail}. Install "
+            "onceflow[spark] into that Python on every worker, or point PYSPARK_PYTHON at a "
+            "Python that has it (docs/pipelines.md, 'Running on a cluster')")
+
+
+def _needs_probe(master: str) -> bool:
+    """Executors may run another Python than this one: a cluster, or PYSPARK_PYTHON set."""
+    return not master.startswith("local") or os.path.realpath(
+        os.environ.get("PYSPARK_PYTHON", sys.executable)) != os.path.realpath(sys.executable)
+
+
 def session(master: str | None = None, app_name: str = "onceflow",
-            conf: dict[str, str] | None = None) -> SparkSession:
+            conf: dict[str, str] | None = None, check: bool | None = None) -> SparkSession:
     """Get or create a SparkSession with onceflow's data sources registered.
 
     `master` defaults to `local[*]`. The executors run this interpreter (PYSPARK_PYTHON),
     so they see the same onceflow, confluent-kafka and pyarrow as the driver; set
-    PYSPARK_PYTHON yourself for a cluster whose workers have their own Python.
+    PYSPARK_PYTHON yourself for a cluster whose workers have their own Python. `check`
+    (default: when the executors may run another Python - a cluster master or
+    PYSPARK_PYTHON set) first runs a probe task on the executors and raises
+    ExecutorEnvironmentError when one lacks onceflow or its dependencies. On a cluster,
+    spark.sql.shuffle.partitions defaults to the cluster's cores.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -105,4 +157,9 @@ def session(master: str | None = None, app_name: str = "onceflow",
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    return register(spark)
+    register(spark)
+    if _needs_probe(master) if check is None else check:
+        check_executors(spark)   # also waits for executors to register their cores
+    if not master.startswith("local") and SHUFFLE_PARTITIONS not in settings:
+        spark.conf.set(SHUFFLE_PARTITIONS, str(max(spark.sparkContext.defaultParallelism, 1)))
+    return spark
