@@ -74,11 +74,23 @@ class Dialect:
 
     def upsert_sql(self, table: str, columns: Sequence[str], key_columns: Sequence[str]) -> str:
         """Insert, or update the non-key columns of the row with the same key."""
+        return f"{self.insert_sql(table, columns)} {self._on_conflict(columns, key_columns)}"
+
+    def insert_select_sql(self, table: str, columns: Sequence[str], select: str,
+                          key_columns: Sequence[str] = ()) -> str:
+        """INSERT INTO table (columns) <select>; with `key_columns` an upsert (`select` must
+        end in a WHERE clause: SQLite needs one before ON CONFLICT)."""
+        names = ", ".join(quote_identifier(c) for c in columns)
+        sql = f"INSERT INTO {quote_identifier(table)} ({names}) {select}"
+        return f"{sql} {self._on_conflict(columns, key_columns)}" if key_columns else sql
+
+    @staticmethod
+    def _on_conflict(columns: Sequence[str], key_columns: Sequence[str]) -> str:
         keys = ", ".join(quote_identifier(c) for c in key_columns)
         updates = [f"{quote_identifier(c)} = excluded.{quote_identifier(c)}"
                    for c in columns if c not in key_columns]
         action = f"DO UPDATE SET {', '.join(updates)}" if updates else "DO NOTHING"
-        return f"{self.insert_sql(table, columns)} ON CONFLICT ({keys}) {action}"
+        return f"ON CONFLICT ({keys}) {action}"
 
     def column_type(self, data_type: Any) -> str:
         """The column type for a Spark DataType (duck-typed: `typeName()`)."""
@@ -322,13 +334,15 @@ def advisory_key(name: str) -> int:
 
 
 def create_table_sql(dialect: Dialect, table: str, fields: Sequence[Any],
-                     key_columns: Sequence[str] = ()) -> str:
-    """CREATE TABLE IF NOT EXISTS for Spark StructFields (name, dataType, nullable)."""
+                     key_columns: Sequence[str] = (), extra_columns: Sequence[str] = ()) -> str:
+    """CREATE TABLE IF NOT EXISTS for Spark StructFields (name, dataType, nullable), plus
+    `extra_columns` given as SQL column definitions."""
     columns = []
     for field in fields:
         null = "" if field.nullable and field.name not in key_columns else " NOT NULL"
         column_type = dialect.column_type(field.dataType)
         columns.append(f"{quote_identifier(field.name)} {column_type}{null}")
+    columns.extend(extra_columns)
     if key_columns:
         columns.append(f"PRIMARY KEY ({', '.join(quote_identifier(c) for c in key_columns)})")
     return f"CREATE TABLE IF NOT EXISTS {quote_identifier(table)} ({', '.join(columns)})"
