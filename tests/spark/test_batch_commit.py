@@ -141,30 +141,3 @@ def test_batch_options_are_checked():
     with pytest.raises(SinkOptionError, match="twoPhaseCommit"):
         parse_options({**base, "twoPhaseCommit": "maybe"})
 
-
-def test_spark_stream_with_uuid_and_repartition_writes_each_input_once(spark, bootstrap,
-                                                                       tmp_path):
-    """A real query: output and write partitioning depend on uuid(); atomicity=batch."""
-    from tests.spark.support import batches_committed, produce
-
-    source = create_topic(bootstrap, unique("batch-in"), partitions=2)
-    output = create_topic(bootstrap, unique("batch-out"), partitions=3)
-    ids = [f"id-{i:05d}" for i in range(900)]
-    produce(bootstrap, source, [(None, i.encode()) for i in ids])
-    frame = (spark.readStream.format("onceflow-kafka")
-             .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
-             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "300").load()
-             .selectExpr("CAST(value AS STRING) AS id", "uuid() AS u")
-             .repartition(3, "u")
-             .selectExpr("concat(id, '|', u) AS value"))
-    checkpoint = tmp_path / "ck"
-    query = (frame.writeStream.format("onceflow-kafka")
-             .option("kafka.bootstrap.servers", bootstrap).option("topic", output)
-             .option("atomicity", "batch").option("progressTopic", unique("progress"))
-             .option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    assert query.awaitTermination(120), "query still running after 120 s"
-    assert query.exception() is None, query.exception()
-    assert len(batches_committed(checkpoint)) >= 3
-    seen = sorted(r.value().decode().split("|")[0] for r in read_committed(bootstrap, output))
-    assert seen == ids
