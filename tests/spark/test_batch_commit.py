@@ -90,6 +90,10 @@ def test_a_batch_becomes_visible_only_when_the_driver_commits_it(setup):
     assert (decision.batch, {t for t, _, _ in decision.transactions}) == (
         0, {m.transactional_id for m in messages})
     assert open_transactions(servers, options, query) == []
+    # Spark may call commit again for the same batch: nothing changes
+    again = batch_commit.BatchCommitter(options).commit(messages, 0, progress_log(options))
+    assert "completed its 3 transactions, aborted 0 of this run" in again
+    assert values_of(servers, options.topic) == expected
 
 
 def test_a_decided_batch_is_completed_by_the_next_run_and_its_replay_aborted(setup):

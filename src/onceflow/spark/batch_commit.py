@@ -192,6 +192,8 @@ class BatchCommitter:
                 "copy?); this batch's transactions were aborted")
         if latest is not None and latest.batch == batch_id:
             self._complete(cluster, latest)
+            decided = {t for t, _, _ in latest.transactions}  # commit may be called again
+            prepared = [m for m in prepared if m.transactional_id not in decided]
             self._end_all(cluster, [_txn(m) for m in prepared], commit=False)
             aborted = self.abort_orphans(cluster, query, latest)
             return (f"batch {batch_id} was decided by an earlier run: completed its "
