@@ -38,7 +38,7 @@ from tests.spark.support import (
 
 DRIVER = Path(__file__).parent / "drivers" / "uuid_to_kafka.py"
 INPUT_PARTITIONS, OUTPUT_PARTITIONS = 2, 3
-RECORDS_PER_PARTITION = 600  # 1,200 records, 400 per micro-batch: a kill in each
+RECORDS_PER_PARTITION = 1_200  # 2,400 records, 400 per micro-batch: room for 3 kills
 # A batch seen partly for longer than this, with no kill inside its commit, is not atomic.
 # The commit itself takes milliseconds (three EndTxn); the margin is for a loaded machine.
 COMMIT_SPAN_MAX_S = 10.0
@@ -141,10 +141,9 @@ def partial_spans(reader: CommittedReader, batch_of: dict[str, int]) -> dict[int
     return spans
 
 
-def open_transactions(bootstrap: str, query: str) -> list[str]:
-    with Cluster.connect(bootstrap) as cluster:
-        return [t.transactional_id for t in txns.list_transactions(cluster, states=["Ongoing"])
-                if t.transactional_id.startswith(f"{PREFIX}-{query}-")]
+def open_transactions(cluster: Cluster, query: str) -> list[str]:
+    return [t.transactional_id for t in txns.list_transactions(cluster, states=["Ongoing"])
+            if t.transactional_id.startswith(f"{PREFIX}-{query}-")]
 
 
 @pytest.mark.slow
@@ -162,6 +161,7 @@ def test_batch_atomicity_survives_three_driver_kills_with_uuid_partitioning(boot
     reader = CommittedReader(bootstrap, output)
     reader.start()
     log = ProgressLog(bootstrap, progress_topic, partitions=4)
+    cluster = Cluster.connect(bootstrap)  # kept: the polls below must be quick
     killed: list[int] = []
     try:
         with DriverProcess(command, tmp_path / "driver.log") as driver:
@@ -170,7 +170,7 @@ def test_batch_atomicity_survives_three_driver_kills_with_uuid_partitioning(boot
                 batch = driver.wait_mid_batch(checkpoint, killed[-1] if killed else -1, 180)
                 query = spark_checkpoint.query_id(checkpoint)
                 if round_index == 0:  # some tasks prepared, nothing decided
-                    wait_for(lambda q=query: open_transactions(bootstrap, q),
+                    wait_for(lambda q=query: open_transactions(cluster, q),
                              f"a prepared transaction of batch {batch}", 120, 0.02)
                 elif round_index == 1:  # anywhere in the batch
                     time.sleep(random.uniform(0.0, 1.0))
@@ -183,19 +183,20 @@ def test_batch_atomicity_survives_three_driver_kills_with_uuid_partitioning(boot
                 killed.append(batch)
             driver.start()
             assert driver.wait(timeout_s=240) == 0, driver.tail()
+        assert open_transactions(cluster, spark_checkpoint.query_id(checkpoint)) == []
     finally:
         log.close()
+        cluster.close()
         reader.stop()
     final = Counter(r.value().decode().split("|")[0] for r in read_committed(bootstrap, output))
     assert set(final) == set(ids), f"missing {len(set(ids) - set(final))}; kills {killed}"
     assert not [i for i, n in final.items() if n > 1], f"ids written twice; kills {killed}"
     batch_of = batches_of(checkpoint, source)
-    assert set(batch_of) == set(ids) and len(set(batch_of.values())) >= 3
+    assert set(batch_of) == set(ids) and len(set(batch_of.values())) >= 6
     spans = partial_spans(reader, batch_of)
     too_long = {b: s for b, s in spans.items() if s > COMMIT_SPAN_MAX_S and b not in killed}
     assert not too_long, f"batches seen partly (seconds): {too_long}; kills {killed}"
     assert reader.snapshots and Counter(reader.seen) == final  # the reader saw it all
-    assert open_transactions(bootstrap, spark_checkpoint.query_id(checkpoint)) == []
 
 
 def _failing_until(released: str, fail_batch: int):
