@@ -25,7 +25,7 @@ from pyspark.errors import StreamingQueryException
 from onceflow.client import transactions as txns
 from onceflow.client.cluster import Cluster
 from onceflow.spark import checkpoint as spark_checkpoint
-from onceflow.spark.progress import ProgressLog
+from onceflow.spark.progress import BatchDecision, ProgressLog, decision_key
 from tests.spark.support import (
     DriverProcess,
     batches_committed,
@@ -59,7 +59,8 @@ class CommittedReader(threading.Thread):
                                   "enable.auto.commit": False, "enable.partition.eof": True})
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(OUTPUT_PARTITIONS)])
         self.seen: list[str] = []
-        self.snapshots: list[tuple[float, int]] = []
+        self.snapshots: list[tuple[float, int]] = []  # (monotonic s, ids seen by then)
+        self.wall_ms: list[int] = []  # the same snapshots' wall-clock times
         self.halt = threading.Event()
         self.error: Exception | None = None
 
@@ -68,6 +69,7 @@ class CommittedReader(threading.Thread):
             while not self.halt.is_set():
                 self._pass()
                 self.snapshots.append((time.monotonic(), len(self.seen)))
+                self.wall_ms.append(int(time.time() * 1000))
                 time.sleep(0.02)
         except Exception as error:  # noqa: BLE001 - reported by stop()
             self.error = error
@@ -141,6 +143,31 @@ def partial_spans(reader: CommittedReader, batch_of: dict[str, int]) -> dict[int
     return spans
 
 
+def seen_before_decided(reader: CommittedReader, batch_of: dict[str, int],
+                        decided_ms: dict[int, int]) -> dict[int, int]:
+    """Batch -> ms by which a reader saw a row of it before the driver recorded its decision
+    (the decision's time is taken before it is written, and nothing commits before)."""
+    first_seen: dict[int, int] = {}
+    snapshot = 0
+    for index, record_id in enumerate(reader.seen):
+        while reader.snapshots[snapshot][1] <= index:
+            snapshot += 1
+        first_seen.setdefault(batch_of[record_id], reader.wall_ms[snapshot])
+    return {b: decided_ms[b] - at for b, at in first_seen.items() if at < decided_ms[b]}
+
+
+def decisions(bootstrap: str, progress_topic: str, query: str) -> dict[int, int]:
+    """Batch -> time_ms of the query's recorded decisions (the progress topic is compacted,
+    but a test's topic never rolls a segment, so every record is still there)."""
+    found = {}
+    for record in read_committed(bootstrap, progress_topic):
+        if record.key() == decision_key(query):
+            decision = BatchDecision.decode(record.value())
+            assert decision.batch not in found, f"batch {decision.batch} decided twice"
+            found[decision.batch] = decision.time_ms
+    return found
+
+
 def open_transactions(cluster: Cluster, query: str) -> list[str]:
     return [t.transactional_id for t in txns.list_transactions(cluster, states=["Ongoing"])
             if t.transactional_id.startswith(f"{PREFIX}-{query}-")]
@@ -193,6 +220,10 @@ def test_batch_atomicity_survives_three_driver_kills_with_uuid_partitioning(boot
     assert not [i for i, n in final.items() if n > 1], f"ids written twice; kills {killed}"
     batch_of = batches_of(checkpoint, source)
     assert set(batch_of) == set(ids) and len(set(batch_of.values())) >= 6
+    decided_ms = decisions(bootstrap, progress_topic, spark_checkpoint.query_id(checkpoint))
+    assert set(decided_ms) >= set(batch_of.values()), (sorted(decided_ms), killed)
+    early = seen_before_decided(reader, batch_of, decided_ms)
+    assert not early, f"rows seen before their batch was decided (ms early): {early}"
     spans = partial_spans(reader, batch_of)
     too_long = {b: s for b, s in spans.items() if s > COMMIT_SPAN_MAX_S and b not in killed}
     assert not too_long, f"batches seen partly (seconds): {too_long}; kills {killed}"
