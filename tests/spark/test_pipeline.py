@@ -350,9 +350,6 @@ def test_cli_errors(tmp_path: Path) -> None:
     assert both.exit_code == 1 and "exclude each other" in both.output
     status = runner.invoke(app, ["pipeline", "status", str(tmp_path)])
     assert status.exit_code == 1 and "no Spark query checkpoint" in status.output
-    remote = runner.invoke(app, ["pipeline", "status", "hdfs://nn/cp"])
-    assert remote.exit_code == 1, remote.output
-    assert "hdfs://nn/cp: only local checkpoints can be read here" in remote.output
 
 
 # -------------------------------------------------------------------------- demo

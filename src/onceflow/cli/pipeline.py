@@ -98,9 +98,7 @@ def _spark_session(master: str, name: str) -> Any:
 @pipeline_app.command("status")
 @exits_cleanly
 def status(
-    # str, not Path: Path would fold the "//" of a URI (hdfs://nn/cp -> hdfs:/nn/cp), so the
-    # checkpoint reader could no longer tell it is not a local directory
-    checkpoint: Annotated[str, typer.Argument(
+    checkpoint: Annotated[Path, typer.Argument(
         help="A pipeline's checkpoint directory, or one query's (<checkpoint>/<sink name>).")],
 ) -> None:
     """Show each query's last planned and last committed micro-batch and their offsets."""
@@ -117,7 +115,7 @@ def status(
             console.print(line, highlight=False, soft_wrap=True)
 
 
-def status_table(root: str | Path, states: list[checkpoints.CheckpointState]) -> Table:
+def status_table(root: Path, states: list[checkpoints.CheckpointState]) -> Table:
     table = Table(title=f"checkpoint {root}", title_justify="left")
     table.add_column("query")
     for column in ("last planned", "last committed", "in flight"):

@@ -83,13 +83,6 @@ UNSUPPORTED_OPTIONS = ("assign", "subscribePattern", "startingOffsetsByTimestamp
                        "endingOffsetsByTimestamp", "startingTimestamp", "endingTimestamp",
                        "startingOffsetsByTimestampStrategy", "minOffsetsPerTrigger",
                        "maxTriggerDelay", "minPartitions")
-# The options onceflow-kafka reads (Spark's names; matched case-insensitively), and the
-# ones Spark itself may add to a source's options. Anything else is refused, naming it, so
-# a misspelt option (maxOffsetPerTrigger) fails instead of running without its effect.
-KNOWN_OPTIONS = ("subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-                 "includeHeaders", "failOnDataLoss", "kafkaConsumer.pollTimeoutMs",
-                 "groupIdPrefix")
-SPARK_OPTIONS = ("path",)
 # kafka.* settings the source must control itself, with the reason given to the user.
 REFUSED_KAFKA_SETTINGS = {
     "auto.offset.reset": "use startingOffsets (and failOnDataLoss for deleted offsets)",
@@ -127,18 +120,13 @@ class SourceOptions:
     fail_on_data_loss: bool
     poll_timeout_ms: int
     kafka: dict[str, str]  # client settings without the "kafka." prefix
-    group_id_prefix: str | None = None  # groupIdPrefix: the consumers' group id starts so
 
     def admin_config(self) -> dict[str, str]:
         return {key: value for key, value in self.kafka.items()
                 if not key.startswith(CONSUMER_ONLY_PREFIXES) and key not in CONSUMER_ONLY_SETTINGS}
 
     def consumer_config(self) -> dict[str, str | bool]:
-        # Spark's groupIdPrefix: the prefix of the generated group id (kafka.group.id, passed
-        # through in self.kafka, overrides both); what prefixed Group ACLs match
-        group_id = (GROUP_ID_DEFAULT if self.group_id_prefix is None
-                    else f"{self.group_id_prefix}-{GROUP_ID_DEFAULT}")
-        return {"group.id": group_id, **self.kafka,
+        return {"group.id": GROUP_ID_DEFAULT, **self.kafka,
                 "isolation.level": "read_committed" if self.read_committed else "read_uncommitted",
                 "enable.auto.commit": False, "enable.auto.offset.store": False,
                 "enable.partition.eof": True,
@@ -153,11 +141,6 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         if name.lower() in given:
             raise SourceOptionError(f"option {name} is not supported by onceflow-kafka "
                                     "(use subscribe, startingOffsets, endingOffsets)")
-    known = {name.lower() for name in KNOWN_OPTIONS + SPARK_OPTIONS}
-    unknown = sorted(k for k in given if not k.startswith("kafka.") and k not in known)
-    if unknown:
-        raise SourceOptionError(f"unknown option(s) {', '.join(unknown)} for the onceflow-kafka "
-                                f"source; known: {', '.join(KNOWN_OPTIONS)} and kafka.*")
     if not given.get("kafka.bootstrap.servers", "").strip():
         raise SourceOptionError("option kafka.bootstrap.servers is required")
     topics = tuple(t.strip() for t in given.get("subscribe", "").split(",") if t.strip())
@@ -181,8 +164,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                                          SourceOptionError),
         poll_timeout_ms=_positive_int(given, "kafkaconsumer.polltimeoutms",
                                       "kafkaConsumer.pollTimeoutMs") or POLL_TIMEOUT_MS_DEFAULT,
-        kafka=kafka,
-        group_id_prefix=(given.get("groupidprefix") or "").strip() or None)
+        kafka=kafka)
 
 
 def _positive_int(given: Mapping[str, str], key: str, name: str) -> int | None:
