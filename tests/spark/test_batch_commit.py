@@ -17,6 +17,7 @@ from onceflow.client import transactions as txns
 from onceflow.client.cluster import Cluster
 from onceflow.spark import batch_commit
 from onceflow.spark.kafka_sink import (
+    KafkaBatchWriter,
     KafkaCommitMessage,
     TransactionalWriter,
     close_cached_clients,
@@ -144,4 +145,8 @@ def test_batch_options_are_checked():
         parse_options({**base, "atomicity": "task"})
     with pytest.raises(SinkOptionError, match="twoPhaseCommit"):
         parse_options({**base, "twoPhaseCommit": "maybe"})
+    with pytest.raises(SinkOptionError, match="atomicity=batch needs exactlyOnce=true"):
+        parse_options({**base, "atomicity": "batch", "exactlyOnce": "false"})
+    with pytest.raises(SinkOptionError, match="atomicity=batch is for streaming writes"):
+        KafkaBatchWriter({**base, "atomicity": "batch"}, StructType().add("value", StringType()))
 

@@ -64,6 +64,7 @@ from pyspark.sql.types import StructType
 from onceflow.spark import batch_commit, progress
 from onceflow.spark.kafka_sink_options import (
     RowLayout,
+    SinkOptionError,
     SinkOptions,
     parse_options,
     row_layout,
@@ -175,6 +176,9 @@ class KafkaBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = parse_options(options)
+        if self.options.atomicity == "batch":
+            raise SinkOptionError("option atomicity=batch is for streaming writes "
+                                  "(writeStream); a batch write commits per task")
         self.layout = row_layout(schema, self.options.topic)
         # Made once on the driver and pickled into every task: the attempts of one task
         # share a transactional id (a retry fences its predecessor), jobs do not.

@@ -111,6 +111,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     kafka.pop("transaction.timeout.ms", None)  # ours: see transaction_timeout_ms
     _check_kafka_settings(kafka, exactly_once)
     atomicity = _choice(given, "atomicity", "atomicity", ATOMICITY_VALUES)
+    if atomicity == "batch" and not exactly_once:
+        raise SinkOptionError("option atomicity=batch needs exactlyOnce=true: at least once "
+                              "has no transactions to commit together")
     two_phase_commit = _choice(given, "twophasecommit", "twoPhaseCommit", TWO_PHASE_COMMIT_VALUES)
     prefix = given.get("transactionalidprefix", DEFAULT_TRANSACTIONAL_ID_PREFIX).strip()
     if not prefix:
