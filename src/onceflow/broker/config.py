@@ -67,6 +67,8 @@ class BrokerConfig:
     transaction_state_num_partitions: int = 50           # transaction.state.log.num.partitions
     transaction_state_segment_bytes: int = 104_857_600   # transaction.state.log.segment.bytes
     transaction_max_timeout_ms: int = 900_000            # transaction.max.timeout.ms
+    # transaction.two.phase.commit.enable (KIP-939): InitProducerId with enable2Pc allowed
+    transaction_two_phase_commit_enable: bool = False
     transactional_id_expiration_ms: int = 7 * 24 * 3_600_000  # transactional.id.expiration.ms
     # transaction.abort.timed.out.transaction.cleanup.interval.ms
     transaction_abort_timed_out_cleanup_interval_ms: int = 10_000

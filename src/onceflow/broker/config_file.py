@@ -115,6 +115,7 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "transaction.state.log.num.partitions": ("transaction_state_num_partitions", _int(1)),
     "transaction.state.log.segment.bytes": ("transaction_state_segment_bytes", _int(1)),
     "transaction.max.timeout.ms": ("transaction_max_timeout_ms", _int(1)),
+    "transaction.two.phase.commit.enable": ("transaction_two_phase_commit_enable", _bool),
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", _int(1)),
     "group.consumer.session.timeout.ms": ("consumer_group_session_timeout_ms", _int(1)),
     "group.consumer.heartbeat.interval.ms": ("consumer_group_heartbeat_interval_ms", _int(1)),

@@ -19,6 +19,11 @@ over the cluster's raw connections:
   to transactional ids (ListTransactions) and keeps those whose coordinator does not
   list that partition in the transaction (DescribeTransactions), or does not know the
   producer at all;
+- `init_producer_id` / `end_txn`: a transaction's coordinator calls made by a process that
+  did not open the transaction (the Spark sink's driver completes its tasks' transactions):
+  InitProducerId v6 with keepPreparedTxn (KIP-939) takes over an open two-phase-commit
+  transaction under a new epoch; without KIP-939, EndTxn at the (producer id, epoch) the
+  transaction was opened with ends it, as Flink's KafkaCommitter does through reflection;
 - `write_abort_marker`: what `kafka-transactions.sh abort` does - the partition's leader
   writes an ABORT marker for that producer, epoch and coordinator epoch (WriteTxnMarkers).
   Only that partition's transaction is ended; use it for hanging transactions, never for
@@ -69,7 +74,10 @@ VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),     # v1 adds the duration filter (KIP-994)
     ApiKey.WRITE_TXN_MARKERS: (1, 1),     # kio has no v0; v2 is transactions V2
+    ApiKey.INIT_PRODUCER_ID: (3, 6),      # v3 carries producer id/epoch; v6 is KIP-939
+    ApiKey.END_TXN: (0, 4),               # v5 (transactions V2) bumps the epoch: not ours
 }
+TWO_PHASE_COMMIT_MIN_VERSION = 6  # InitProducerId v6: enable2Pc, keepPreparedTxn (KIP-939)
 
 
 # ---------------------------------------------------------------- values
@@ -151,6 +159,69 @@ def now_ms() -> int:
 
 
 # ---------------------------------------------------------------- the API calls
+
+
+@dataclasses.dataclass(frozen=True)
+class InitAnswer:
+    """InitProducerId's answer; `ongoing_*` (v6) name the transaction kept open, -1 if none."""
+
+    producer_id: int
+    producer_epoch: int
+    ongoing_producer_id: int = -1
+    ongoing_producer_epoch: int = -1
+
+
+def supports_two_phase_commit(cluster: Cluster, transactional_id: str) -> bool:
+    """Whether the id's coordinator answers InitProducerId v6 (KIP-939)."""
+    node_id = find_coordinator(cluster, transactional_id)
+    return cluster.answers(node_id, ApiKey.INIT_PRODUCER_ID,
+                           (TWO_PHASE_COMMIT_MIN_VERSION, TWO_PHASE_COMMIT_MIN_VERSION))
+
+
+def init_producer_id(cluster: Cluster, transactional_id: str, *, transaction_timeout_ms: int,
+                     enable_2pc: bool = False, keep_prepared_txn: bool = False) -> InitAnswer:
+    """InitProducerId for `transactional_id` at its coordinator; v6 when a flag is set (an
+    older broker cannot honour them: ClientError). Retried while the coordinator is
+    loading or busy (CONCURRENT_TRANSACTIONS: markers of the last transaction in flight)."""
+    versions = ((TWO_PHASE_COMMIT_MIN_VERSION, TWO_PHASE_COMMIT_MIN_VERSION)
+                if enable_2pc or keep_prepared_txn else None)
+    retry = RETRY_ERRORS | {ErrorCode.concurrent_transactions}
+    answer = None
+    for _ in range(RETRY_ATTEMPTS_MAX):
+        node_id = find_coordinator(cluster, transactional_id)
+        answer = _call(cluster, node_id, ApiKey.INIT_PRODUCER_ID, versions,
+                       transactional_id=transactional_id,
+                       transaction_timeout=transaction_timeout_ms, producer_id=-1,
+                       producer_epoch=-1, enable2_pc=enable_2pc,
+                       keep_prepared_txn=keep_prepared_txn)
+        if answer.error_code not in retry:
+            break
+        time.sleep(RETRY_BACKOFF_S)
+    assert answer is not None
+    if answer.error_code != ErrorCode.none:
+        raise ClientError(f"InitProducerId of '{transactional_id}': "
+                          f"{error_name(answer.error_code)}")
+    return InitAnswer(answer.producer_id, answer.producer_epoch,
+                      getattr(answer, "ongoing_txn_producer_id", -1),
+                      getattr(answer, "ongoing_txn_producer_epoch", -1))
+
+
+def end_txn(cluster: Cluster, transactional_id: str, producer_id: int, producer_epoch: int,
+            commit: bool) -> ErrorCode:
+    """EndTxn for (id, producer id, epoch) at its coordinator, retried while the coordinator
+    is loading or moving. Answers the final error: NONE, or e.g. INVALID_TXN_STATE (nothing
+    open: already ended), PRODUCER_FENCED / INVALID_PRODUCER_EPOCH (a newer epoch exists)."""
+    retry = RETRY_ERRORS | {ErrorCode.concurrent_transactions}
+    error = ErrorCode.unknown_server_error
+    for _ in range(RETRY_ATTEMPTS_MAX):
+        node_id = find_coordinator(cluster, transactional_id)
+        answer = _call(cluster, node_id, ApiKey.END_TXN, transactional_id=transactional_id,
+                       producer_id=producer_id, producer_epoch=producer_epoch, committed=commit)
+        error = ErrorCode(answer.error_code)
+        if error not in retry:
+            return error
+        time.sleep(RETRY_BACKOFF_S)
+    return error
 
 
 def list_transactions(cluster: Cluster, *, states: Sequence[str] = (),

@@ -142,7 +142,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # understands TRANSACTION_ABORTABLE (KIP-890), older ones v4; kafka-python 3.0
     # knows v0-6 and takes the highest both sides have. v6 (KIP-939 two-phase commit)
     # is not offered: nothing implements 2PC.
-    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.INIT_PRODUCER_ID: (0, 6),
     # Transactions (issue 5) and transactions V2 (issue 16, KIP-890 part 2: EndTxn v5
     # answers the bumped epoch, TxnOffsetCommit v5 and Produce v12 have the broker add the
     # partition), which Java 4.x uses when the transaction.version feature is 2 (FEATURES

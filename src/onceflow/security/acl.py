@@ -54,6 +54,7 @@ class Operation(enum.IntEnum):
     IDEMPOTENT_WRITE = 12
     CREATE_TOKENS = 13
     DESCRIBE_TOKENS = 14
+    TWO_PHASE_COMMIT = 15  # KIP-939: on a transactional id, InitProducerId with enable2Pc
 
 
 class Permission(enum.IntEnum):

@@ -61,9 +61,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from onceflow.spark import progress
+from onceflow.spark import batch_commit, progress
 from onceflow.spark.kafka_sink_options import (
     RowLayout,
+    SinkOptionError,
     SinkOptions,
     parse_options,
     row_layout,
@@ -98,6 +99,11 @@ class KafkaCommitMessage(WriterCommitMessage):
     outcome: str
     transactional_id: str | None = None
     duration_ms: int = 0
+    # atomicity=batch (batch_commit.py): the open transaction handed to the driver
+    query: str | None = None
+    producer_id: int = -1
+    producer_epoch: int = -1
+    path: str | None = None
 
 
 def summarize(batch: int | None, messages: Iterable[KafkaCommitMessage | None]) -> str:
@@ -107,8 +113,10 @@ def summarize(batch: int | None, messages: Iterable[KafkaCommitMessage | None]) 
         outcome = "failed" if message is None else message.outcome
         count[outcome] += 1
         count[f"{outcome} rows"] += 0 if message is None else message.rows
-    text = (f"onceflow-kafka batch {'(write)' if batch is None else batch}: "
-            f"{count['written rows']} rows written by {count['written']} partitions, "
+    text = f"onceflow-kafka batch {'(write)' if batch is None else batch}: "
+    if count["prepared"]:
+        text += (f"{count['prepared rows']} rows prepared by {count['prepared']} partitions, ")
+    text += (f"{count['written rows']} rows written by {count['written']} partitions, "
             f"{count['empty']} partitions empty, {count['failed']} failed")
     if count["skipped"]:
         text += (f"; {count['skipped']} partitions skipped ({count['skipped rows']} rows already "
@@ -134,15 +142,29 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         partition, batch = context.partitionId(), int(batch_text)
         if not self.options.exactly_once:
             return write_at_least_once(self.options, self.layout, partition, batch, iterator)
+        if self.options.atomicity == "batch":
+            return batch_commit.write_prepared(
+                self.options, self.layout, query, partition, batch, _nonempty(iterator),
+                TransactionalWriter, KafkaCommitMessage)
         return write_exactly_once(self.options, self.layout, query, partition, batch, iterator)
 
     def commit(self, messages: list[KafkaCommitMessage | None], batchId: int) -> None:
+        if self.options.exactly_once and self.options.atomicity == "batch":
+            outcome = batch_commit.BatchCommitter(self.options).commit(
+                messages, batchId, progress_log(self.options))
+            logger.info("%s; %s", summarize(batchId, messages), outcome)
+            return
         # A skip means the batch ran before (the driver died between the tasks' commits and
         # Spark's commit log): worth seeing without raising the log level.
         skipped = any(m is not None and m.outcome == "skipped" for m in messages)
         logger.log(logging.WARNING if skipped else logging.INFO, summarize(batchId, messages))
 
     def abort(self, messages: list[KafkaCommitMessage | None], batchId: int) -> None:
+        if self.options.exactly_once and self.options.atomicity == "batch":
+            batch_commit.BatchCommitter(self.options).abort(messages)
+            logger.warning("aborted by Spark, prepared transactions aborted: %s",
+                           summarize(batchId, messages))
+            return
         # Nothing to undo here: committed partitions stay committed and a replay skips them;
         # a failed task's open transaction is aborted by its next attempt's init or by the
         # broker after transaction.timeout.ms.
@@ -154,6 +176,9 @@ class KafkaBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = parse_options(options)
+        if self.options.atomicity == "batch":
+            raise SinkOptionError("option atomicity=batch is for streaming writes "
+                                  "(writeStream); a batch write commits per task")
         self.layout = row_layout(schema, self.options.topic)
         # Made once on the driver and pickled into every task: the attempts of one task
         # share a transactional id (a retry fences its predecessor), jobs do not.
@@ -375,6 +400,31 @@ class TransactionalWriter:
             raise
         return rows
 
+    def prepare(self, layout: RowLayout, batches: Iterable) -> int:
+        """Produce every row in a transaction and flush, leaving it open (atomicity=batch:
+        the driver commits it). On any error the transaction is aborted and the error raised."""
+        producer = self.producer
+        producer.begin_transaction()
+        try:
+            rows = produce_rows(producer, layout, self.options.topic, batches)
+            left = producer.flush(self.options.transaction_timeout_ms / 1000)
+            if left or self.delivery_error is not None:
+                raise SinkError(f"prepare of {self.transactional_id} failed: {left} rows "
+                                f"unacknowledged; first delivery error: {self.delivery_error}")
+            if self.fatal_error is not None:
+                raise SinkError(self._explain(self.fatal_error))
+        except KafkaException as exception:
+            self._abort_quietly()
+            raise SinkError(self._explain(exception.args[0])) from None
+        except BaseException:
+            self._abort_quietly()
+            raise
+        return rows
+
+    def abort_quietly(self) -> None:
+        """Abort the open transaction if the producer still can (see `_abort_quietly`)."""
+        self._abort_quietly()
+
     def _commit(self) -> None:
         timeout_s = self.options.transaction_timeout_ms / 1000
         for _ in range(COMMIT_ATTEMPTS_MAX):
@@ -508,3 +558,4 @@ def close_cached_clients() -> None:
     while _PROGRESS_LOGS:
         _PROGRESS_LOGS.popitem()[1].close()
     IdempotentProducer._cache.clear()
+    batch_commit.close_clusters()

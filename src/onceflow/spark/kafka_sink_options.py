@@ -22,6 +22,12 @@ __all__ = ["RowLayout", "SinkOptionError", "SinkOptions", "parse_options", "row_
 
 DEFAULT_TRANSACTIONAL_ID_PREFIX = "onceflow-spark"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+# atomicity=batch: a task's transaction stays open until the driver commits the whole batch,
+# and (without KIP-939) until a restarted driver completes a recorded decision, so it gets
+# Kafka's default transaction.max.timeout.ms (15 minutes).
+DEFAULT_BATCH_TRANSACTION_TIMEOUT_MS = 900_000
+ATOMICITY_VALUES = ("partition", "batch")
+TWO_PHASE_COMMIT_VALUES = ("auto", "true", "false")
 # Producer settings the user may override with kafka.* options.
 PRODUCER_DEFAULTS: dict[str, object] = {
     # Rows arrive faster than one request's round trip: let batches fill. The commit (or the
@@ -50,7 +56,7 @@ SHARED_CLIENT_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "b
                           "enable.ssl.", "metadata.", "api.version.", "reconnect.")
 KNOWN_OPTIONS = ("kafka.bootstrap.servers", "topic", "exactlyonce", "progresstopic",
                  "progresstopicpartitions", "progresstopicreplicationfactor",
-                 "transactionalidprefix")
+                 "transactionalidprefix", "atomicity", "twophasecommit")
 # Spark adds these to a writer's options; they are not ours to check.
 SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
 
@@ -72,6 +78,8 @@ class SinkOptions:
     transactional_id_prefix: str
     transaction_timeout_ms: int
     kafka: dict[str, str]  # the user's producer settings without the "kafka." prefix
+    atomicity: str = "partition"  # or "batch" (batch_commit.py)
+    two_phase_commit: str = "auto"  # batch mode: KIP-939 when the broker allows (auto)
 
     def producer_config(self, transactional_id: str | None) -> dict[str, object]:
         config = {**PRODUCER_DEFAULTS, "enable.idempotence": True, **self.kafka,
@@ -92,9 +100,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
                and k not in SPARK_OPTIONS]
     if unknown:
         raise SinkOptionError(f"unknown option(s) {', '.join(sorted(unknown))} for the "
-                              f"onceflow-kafka sink; known: topic, exactlyOnce, progressTopic, "
-                              "progressTopicPartitions, progressTopicReplicationFactor, "
-                              "transactionalIdPrefix and kafka.*")
+                              f"onceflow-kafka sink; known: topic, exactlyOnce, atomicity, "
+                              "twoPhaseCommit, progressTopic, progressTopicPartitions, "
+                              "progressTopicReplicationFactor, transactionalIdPrefix and kafka.*")
     bootstrap = given.pop("kafka.bootstrap.servers", "").strip()
     if not bootstrap:
         raise SinkOptionError("option kafka.bootstrap.servers is required")
@@ -102,6 +110,11 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     kafka = {k[len("kafka."):]: v for k, v in given.items() if k.startswith("kafka.")}
     kafka.pop("transaction.timeout.ms", None)  # ours: see transaction_timeout_ms
     _check_kafka_settings(kafka, exactly_once)
+    atomicity = _choice(given, "atomicity", "atomicity", ATOMICITY_VALUES)
+    if atomicity == "batch" and not exactly_once:
+        raise SinkOptionError("option atomicity=batch needs exactlyOnce=true: at least once "
+                              "has no transactions to commit together")
+    two_phase_commit = _choice(given, "twophasecommit", "twoPhaseCommit", TWO_PHASE_COMMIT_VALUES)
     prefix = given.get("transactionalidprefix", DEFAULT_TRANSACTIONAL_ID_PREFIX).strip()
     if not prefix:
         raise SinkOptionError("option transactionalIdPrefix must not be empty")
@@ -118,8 +131,16 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         transactional_id_prefix=prefix,
         transaction_timeout_ms=_int(given, "kafka.transaction.timeout.ms",
                                     "kafka.transaction.timeout.ms",
-                                    DEFAULT_TRANSACTION_TIMEOUT_MS, minimum=1_000),
-        kafka=kafka)
+                                    DEFAULT_BATCH_TRANSACTION_TIMEOUT_MS if atomicity == "batch"
+                                    else DEFAULT_TRANSACTION_TIMEOUT_MS, minimum=1_000),
+        kafka=kafka, atomicity=atomicity, two_phase_commit=two_phase_commit)
+
+
+def _choice(given: Mapping[str, str], key: str, name: str, values: tuple[str, ...]) -> str:
+    value = given.get(key, values[0]).strip().lower()
+    if value not in values:
+        raise SinkOptionError(f"option {name}={given[key]!r} is not one of {', '.join(values)}")
+    return value
 
 
 def _int(given: Mapping[str, str], key: str, name: str, default: int, minimum: int) -> int:

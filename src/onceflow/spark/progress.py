@@ -34,6 +34,13 @@ bounds the wait (a clear error after that). Our previous record is recent (the p
 gets a record and a marker per task and batch), so we read backwards from HW0 in doubling
 windows [HW0 - w, HW0) until a record of our key appears or the log start is reached: the
 last record of our key in the first window that has one is the latest.
+
+Batch decisions (`atomicity=batch`, batch_commit.py). The driver records, before it commits
+a micro-batch's prepared transactions, one `BatchDecision` under key `"<query id>/batch"`
+in partition `crc32(query id) mod N`: `{"v": 1, "query", "batch", "transactions":
+[[transactional id, producer id, epoch], ...], "time_ms"}`. It is written by a plain
+idempotent producer with acks=all, so it is durable before any transaction commits; the
+latest one is found with the same backward read as above (`latest_decision`).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import time
 import zlib
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 FORMAT_VERSION = 1
@@ -100,6 +107,48 @@ class ProgressRecord:
         return ProgressRecord(**fields)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchDecision:
+    """The driver's decision to commit a micro-batch's prepared transactions."""
+
+    query: str
+    batch: int
+    transactions: tuple[tuple[str, int, int], ...]  # (transactional id, producer id, epoch)
+    time_ms: int
+
+    def key(self) -> bytes:
+        return decision_key(self.query)
+
+    def encode(self) -> bytes:
+        fields = {"v": FORMAT_VERSION, "query": self.query, "batch": self.batch,
+                  "transactions": [list(t) for t in self.transactions], "time_ms": self.time_ms}
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> BatchDecision:
+        try:
+            fields = json.loads(value)
+            version = fields.pop("v")
+            if version == FORMAT_VERSION:
+                return BatchDecision(
+                    query=fields["query"], batch=int(fields["batch"]),
+                    transactions=tuple((str(t), int(p), int(e))
+                                       for t, p, e in fields["transactions"]),
+                    time_ms=int(fields["time_ms"]))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ProgressError(f"unreadable batch decision {value[:200]!r}: {error}") from None
+        raise ProgressError(f"batch decision format v{version} is not known to this onceflow "
+                            f"(v{FORMAT_VERSION}): {value[:200]!r}")
+
+
+def decision_key(query: str) -> bytes:
+    return f"{query}/batch".encode()
+
+
+def decision_partition(query: str, partition_count: int) -> int:
+    return zlib.crc32(query.encode()) % partition_count
+
+
 def progress_key(query: str, partition: int) -> bytes:
     return f"{query}/{partition}".encode()
 
@@ -131,10 +180,14 @@ class ProgressLog:
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10}
         self._uncommitted = Consumer({**base, "isolation.level": "read_uncommitted"})
         self._committed = Consumer({**base, "isolation.level": "read_committed"})
+        self._producer: Producer | None = None  # the driver's, for batch decisions
 
     def close(self) -> None:
         self._uncommitted.close()
         self._committed.close()
+        if self._producer is not None:
+            self._producer.flush(CALL_TIMEOUT_S)
+            self._producer = None
 
     def partition_count(self) -> int:
         """The topic's partition count, creating it (compacted) if it does not exist."""
@@ -182,17 +235,39 @@ class ProgressLog:
         `stable_timeout_ms` plus the broker's abort check margin.
         """
         tp = TopicPartition(self.topic, progress_partition(query, partition, self.partition_count()))
+        value = self._latest_value(tp, progress_key(query, partition), stable_timeout_ms)
+        return None if value is None else ProgressRecord.decode(value)
+
+    def latest_decision(self, query: str, stable_timeout_ms: int) -> BatchDecision | None:
+        """The latest batch decision recorded for `query`, or None (same wait as `latest`)."""
+        tp = TopicPartition(self.topic, decision_partition(query, self.partition_count()))
+        value = self._latest_value(tp, decision_key(query), stable_timeout_ms)
+        return None if value is None else BatchDecision.decode(value)
+
+    def record_decision(self, decision: BatchDecision) -> None:
+        """Write `decision` and wait until it is acknowledged by every in-sync replica."""
+        if self._producer is None:
+            self._producer = Producer({**self.client_config, "bootstrap.servers": self.bootstrap,
+                                       "enable.idempotence": True, "acks": "all",
+                                       "linger.ms": 0})
+        failures: list = []
+        target = decision_partition(decision.query, self.partition_count())
+        self._producer.produce(self.topic, decision.encode(), decision.key(), partition=target,
+                               on_delivery=lambda error, _m: failures.append(error))
+        left = self._producer.flush(CALL_TIMEOUT_S * 3)
+        if left or failures != [None]:
+            raise ProgressError(f"recording the decision of batch {decision.batch} failed: "
+                                f"{failures or f'{left} unacknowledged'}")
+
+    def _latest_value(self, tp: TopicPartition, key: bytes, stable_timeout_ms: int) -> bytes | None:
         low, hw0 = self._uncommitted.get_watermark_offsets(tp, timeout=CALL_TIMEOUT_S, cached=False)
-        key = progress_key(query, partition)
         deadline = time.monotonic() + (stable_timeout_ms + ABORT_CHECK_MARGIN_MS) / 1000
         window = LOOKUP_WINDOW_OFFSETS
         while True:
             start = max(low, hw0 - window)
             value = self._last_value_of(tp, key, start, hw0, deadline)
-            if value is not None:
-                return ProgressRecord.decode(value)
-            if start <= low:
-                return None
+            if value is not None or start <= low:
+                return value
             window *= 2
 
     def _last_value_of(self, tp: TopicPartition, key: bytes, start: int, end: int,

@@ -52,9 +52,14 @@ class TopicPartition(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdResult:
+    """InitProducerId's answer; v6 (KIP-939) with keepPreparedTxn also answers the producer
+    id and epoch of the transaction kept open (-1/-1 when there is none)."""
+
     error: ErrorCode
     producer_id: int = -1
     producer_epoch: int = -1
+    ongoing_txn_producer_id: int = -1
+    ongoing_txn_producer_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

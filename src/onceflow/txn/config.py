@@ -17,6 +17,10 @@ TRANSACTION_STATE_PARTITIONS_DEFAULT = 50
 # one open transaction cannot hold read_committed consumers (the LSO) back for longer.
 TRANSACTION_MAX_TIMEOUT_MS_DEFAULT = 15 * 60 * 1000
 
+# transaction.two.phase.commit.enable (KIP-939): whether InitProducerId may ask for
+# two-phase commit (enable2Pc); off, such a request gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+TRANSACTION_TWO_PHASE_COMMIT_ENABLE_DEFAULT = False
+
 # transactional.id.expiration.ms: an id idle this long (in Empty/Complete*) is forgotten.
 TRANSACTIONAL_ID_EXPIRATION_MS_DEFAULT = 7 * 24 * 60 * 60 * 1000
 
@@ -44,6 +48,8 @@ class TxnConfig:
     transaction_state_num_partitions: int = TRANSACTION_STATE_PARTITIONS_DEFAULT
     # transaction.max.timeout.ms
     transaction_max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS_DEFAULT
+    # transaction.two.phase.commit.enable
+    transaction_two_phase_commit_enable: bool = TRANSACTION_TWO_PHASE_COMMIT_ENABLE_DEFAULT
     # transactional.id.expiration.ms
     transactional_id_expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS_DEFAULT
     # transaction.abort.timed.out.transaction.cleanup.interval.ms

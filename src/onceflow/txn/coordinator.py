@@ -54,8 +54,8 @@ from onceflow.txn import handlers
 from onceflow.txn.api import (
     CONSUMER_OFFSETS_TOPIC,
     Append,
-    AppendFailed,
     Appended,
+    AppendFailed,
     AppendOutcome,
     DescribedTransaction,
     InitProducerIdResult,
@@ -188,29 +188,48 @@ class TransactionCoordinator:
 
     def init_producer_id(self, *, transactional_id: str | None, transaction_timeout_ms: int,
                          producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1,
-                         now_ms: int) -> Result[InitProducerIdResult]:
+                         now_ms: int, enable_2pc: bool = False,
+                         keep_prepared_txn: bool = False) -> Result[InitProducerIdResult]:
         """InitProducerId (any version). `producer_id`/`producer_epoch` (v3+, KIP-360) are the
-        caller's current ones, or -1/-1."""
+        caller's current ones, or -1/-1. `enable_2pc`/`keep_prepared_txn` are v6's (KIP-939):
+        a two-phase-commit transaction has no timeout (stored as INT32_MAX, as Kafka marks
+        it), and keeping its open transaction hands the new instance a bumped epoch and the
+        transaction's own (producer id, epoch), so it can commit or abort it."""
         if transactional_id is None:  # idempotent producer: a fresh id, nothing to remember
+            if enable_2pc or keep_prepared_txn:
+                return Result(InitProducerIdResult(E.invalid_request))
             return Result(InitProducerIdResult(E.none, self._allocate_producer_id(), 0))
         if not handlers.valid_id(transactional_id) or (
                 (producer_id == NO_PRODUCER_ID) != (producer_epoch == -1)):
             return Result(InitProducerIdResult(E.invalid_request))
-        if not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
+        if enable_2pc and not self.config.transaction_two_phase_commit_enable:
+            # Kafka: 2PC switched off on the broker reads as not being allowed to use it
+            return Result(InitProducerIdResult(E.transactional_id_authorization_failed))
+        if enable_2pc:
+            transaction_timeout_ms = handlers.TWO_PHASE_COMMIT_TIMEOUT_MS
+        elif not 0 < transaction_timeout_ms <= self.config.transaction_max_timeout_ms:
             return Result(InitProducerIdResult(E.invalid_transaction_timeout))
         error, shard = self._check(transactional_id)
         if error is not None:
             return Result(InitProducerIdResult(error))
         assert shard is not None
         expected = None if producer_id == NO_PRODUCER_ID else (producer_id, producer_epoch)
+        current = shard.txns.get(transactional_id)
         decision = handlers.decide_init(
-            transactional_id, shard.txns.get(transactional_id), self._is_pending(transactional_id),
-            transaction_timeout_ms, expected, now_ms, self._allocate_producer_id)
+            transactional_id, current, self._is_pending(transactional_id),
+            transaction_timeout_ms, expected, now_ms, self._allocate_producer_id,
+            keep_prepared_txn=keep_prepared_txn)
         if isinstance(decision, ErrorCode):
             return Result(InitProducerIdResult(decision))
         target = decision.target
-        response = (InitProducerIdResult(E.concurrent_transactions) if decision.kind is Kind.FENCE
-                    else InitProducerIdResult(E.none, target.producer_id, target.producer_epoch))
+        if decision.kind is Kind.FENCE:
+            response = InitProducerIdResult(E.concurrent_transactions)
+        elif decision.kind is Kind.KEEP:
+            assert current is not None
+            response = InitProducerIdResult(E.none, target.producer_id, target.producer_epoch,
+                                            current.producer_id, current.producer_epoch)
+        else:
+            response = InitProducerIdResult(E.none, target.producer_id, target.producer_epoch)
         return self._write(shard, decision, response)
 
     def add_partitions_to_txn(self, *, transactional_id: str, producer_id: int,
@@ -477,7 +496,7 @@ class TransactionCoordinator:
     def _error_response(intent: Transit | Expire, error: ErrorCode, response: Any) -> Any:
         if isinstance(intent, Expire) or intent.kind in (Kind.TIMEOUT, Kind.COMPLETE):
             return response  # no client waits for these
-        if intent.kind in (Kind.INIT, Kind.FENCE):
+        if intent.kind in (Kind.INIT, Kind.FENCE, Kind.KEEP):
             return InitProducerIdResult(error)
         return TxnResult(error)
 

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
 
     INIT = "init"  # InitProducerId: Empty (new id, epoch bump, or producer id rotation)
     FENCE = "fence"  # InitProducerId while Ongoing: PrepareAbort with epoch + 1
+    KEEP = "keep"  # InitProducerId keepPreparedTxn while a 2PC txn is Ongoing: epoch + 1
     ADD = "add"  # AddPartitionsToTxn / AddOffsetsToTxn: Ongoing
     END = "end"  # EndTxn: PrepareCommit / PrepareAbort
     TIMEOUT = "timeout"  # the transaction timed out: PrepareAbort with epoch + 1
@@ -67,6 +68,14 @@ class Expire:
     shard_seq: int
 
 
+# Kafka marks a two-phase-commit transaction (KIP-939) by this timeout: never timed out.
+TWO_PHASE_COMMIT_TIMEOUT_MS = 2**31 - 1
+
+
+def is_two_phase_commit(current: TxnMetadata) -> bool:
+    return current.txn_timeout_ms == TWO_PHASE_COMMIT_TIMEOUT_MS
+
+
 def valid_id(transactional_id: str | None) -> bool:
     """Kafka answers INVALID_REQUEST for a null or empty id; an id whose UTF-8 does not fit
     the key's int16 length could not be written either."""
@@ -91,9 +100,15 @@ def _expected_is_valid(current: TxnMetadata, producer_id: int, producer_epoch: i
 
 def decide_init(transactional_id: str, current: TxnMetadata | None, pending: bool,
                 txn_timeout_ms: int, expected: tuple[int, int] | None, now_ms: int,
-                allocate_producer_id: Callable[[], int]) -> ErrorCode | Decision:
+                allocate_producer_id: Callable[[], int], *,
+                keep_prepared_txn: bool = False) -> ErrorCode | Decision:
     """InitProducerId with a transactional id (timeout already validated). `expected` is the
-    request's (producer id, epoch) when it carries one (KIP-360)."""
+    request's (producer id, epoch) when it carries one (KIP-360). `keep_prepared_txn`
+    (KIP-939): an open transaction is kept - its epoch is bumped, which fences the instance
+    that opened it, and the new instance may commit or abort it; its timeout becomes the
+    request's (none with enable2Pc: KIP-939 allows keepPreparedTxn without enable2Pc, the
+    transaction then stays subject to the timeout). With nothing open, keeping changes
+    nothing."""
     if pending:
         return E.concurrent_transactions
     if current is None:
@@ -105,6 +120,8 @@ def decide_init(transactional_id: str, current: TxnMetadata | None, pending: boo
         return E.producer_fenced
     if current.state in PREPARE_STATES:
         return E.concurrent_transactions  # the client retries once the markers are written
+    if current.state is S.ONGOING and keep_prepared_txn:
+        return Decision(Kind.KEEP, md.keep_epoch_bump(current, txn_timeout_ms, now_ms))
     if current.state is S.ONGOING:
         # abort the open transaction with a bumped epoch (never returned to anyone: the
         # client is told CONCURRENT_TRANSACTIONS and its retry bumps again)
@@ -229,8 +246,8 @@ def decide_timeout(current: TxnMetadata, pending: bool, now_ms: int) -> Decision
     """The periodic check (Kafka's timedOutTransactions + abortTimedOutTransactions): an
     Ongoing transaction older than its timeout is aborted with a bumped epoch, so its
     producer's next request is fenced."""
-    if pending or current.state is not S.ONGOING:
-        return None
+    if pending or current.state is not S.ONGOING or is_two_phase_commit(current):
+        return None  # KIP-939: a two-phase-commit transaction waits for its coordinator
     if current.txn_start_timestamp_ms + current.txn_timeout_ms >= now_ms:
         return None
     fenced = md.fence_epoch(current)

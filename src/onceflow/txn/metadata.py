@@ -189,6 +189,18 @@ def fence_epoch(current: TxnMetadata) -> TxnMetadata:
                                      last_producer_epoch=NO_PRODUCER_EPOCH))
 
 
+def keep_epoch_bump(current: TxnMetadata, txn_timeout_ms: int, now_ms: int) -> TxnMetadata:
+    """InitProducerId with keepPreparedTxn (KIP-939) on an Ongoing transaction: it stays
+    Ongoing with its partitions and start time, under epoch + 1 and the request's timeout,
+    so the instance that opened it is fenced and the new one ends it (its markers carry the
+    new epoch, which the partitions accept: a marker's epoch may be newer than the data's)."""
+    assert current.state is S.ONGOING
+    assert current.producer_epoch < EPOCH_MAX, "Ongoing epochs stay below EPOCH_MAX"
+    return _transit(current, replace(
+        current, producer_epoch=current.producer_epoch + 1, txn_timeout_ms=txn_timeout_ms,
+        last_producer_epoch=current.producer_epoch, txn_last_update_timestamp_ms=now_ms))
+
+
 def prepare_end(current: TxnMetadata, commit: bool, now_ms: int) -> TxnMetadata:
     """EndTxn (or a fence) -> PrepareCommit / PrepareAbort (prepareAbortOrCommit, V1: the
     epoch does not change here)."""

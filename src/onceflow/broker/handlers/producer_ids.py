@@ -32,6 +32,13 @@ they do not know. An empty transactional id is INVALID_REQUEST, as in Kafka.
 Authorization (issue 13), as Kafka: a transactional id needs Write on it (else
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED); an idempotent producer needs IdempotentWrite on
 the cluster or Write on some topic (else CLUSTER_AUTHORIZATION_FAILED).
+
+Two-phase commit (v6, KIP-939): `enable2Pc` also needs TwoPhaseCommit on the id and the
+broker setting transaction.two.phase.commit.enable (off: TRANSACTIONAL_ID_AUTHORIZATION_
+FAILED); such a transaction has no timeout. `keepPreparedTxn` keeps an open two-phase
+transaction for the new instance, answering its producer id and epoch as
+ongoing_txn_producer_id/epoch (txn/handlers.py). Either flag without a transactional id is
+INVALID_REQUEST.
 """
 
 from __future__ import annotations
@@ -50,12 +57,17 @@ PRODUCER_EPOCH_MAX = 2**15 - 1
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 PRODUCER_FENCED_MIN_VERSION = 4  # InitProducerId v4 introduced PRODUCER_FENCED
+TWO_PHASE_COMMIT_MIN_VERSION = 6  # KIP-939: enable2Pc, keepPreparedTxn, ongoing txn fields
 
 
 def _answer(error: ErrorCode, producer_id: int = NO_PRODUCER_ID,
-            producer_epoch: int = NO_PRODUCER_EPOCH) -> dict:
-    return {"throttle_time": 0, "error_code": error, "producer_id": producer_id,
-            "producer_epoch": producer_epoch}
+            producer_epoch: int = NO_PRODUCER_EPOCH, ongoing: tuple[int, int] | None = None
+            ) -> dict:
+    answer = {"throttle_time": 0, "error_code": error, "producer_id": producer_id,
+              "producer_epoch": producer_epoch}
+    if ongoing is not None:  # v6 fields; the encoder of older versions has no place for them
+        answer["ongoing_txn_producer_id"], answer["ongoing_txn_producer_epoch"] = ongoing
+    return answer
 
 
 def newest_epoch_seen(state: BrokerState, producer_id: int) -> int:
@@ -88,6 +100,9 @@ def init_idempotent(state: BrokerState, producer_id: int, producer_epoch: int) -
 @handles(ApiKey.INIT_PRODUCER_ID)
 async def init_producer_id(ctx: RequestContext, body) -> dict:
     transactional_id = body.transactional_id
+    two_phase = getattr(body, "enable2_pc", False)
+    if transactional_id is None and (two_phase or getattr(body, "keep_prepared_txn", False)):
+        return _answer(ErrorCode.invalid_request)
     if transactional_id is None:
         if not (ctx.authorized_cluster(Operation.IDEMPOTENT_WRITE) or (
                 ctx.access is not None and ctx.access.authorized_any(
@@ -98,6 +113,9 @@ async def init_producer_id(ctx: RequestContext, body) -> dict:
     if transactional_id == "":
         return _answer(ErrorCode.invalid_request)
     if not ctx.authorized(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+        return _answer(ErrorCode.transactional_id_authorization_failed)
+    if two_phase and not ctx.authorized(Operation.TWO_PHASE_COMMIT, ResourceType.TRANSACTIONAL_ID,
+                                        transactional_id):
         return _answer(ErrorCode.transactional_id_authorization_failed)
     return await init_transactional(ctx, body, transactional_id)
 
@@ -110,6 +128,10 @@ async def init_transactional(ctx: RequestContext, body, transactional_id: str) -
     result = await runtime.persist(runtime.coordinator.init_producer_id(
         transactional_id=transactional_id, transaction_timeout_ms=to_ms(body.transaction_timeout),
         producer_id=getattr(body, "producer_id", NO_PRODUCER_ID),
-        producer_epoch=getattr(body, "producer_epoch", NO_PRODUCER_EPOCH), now_ms=ctx.now_ms()))
+        producer_epoch=getattr(body, "producer_epoch", NO_PRODUCER_EPOCH), now_ms=ctx.now_ms(),
+        enable_2pc=getattr(body, "enable2_pc", False),
+        keep_prepared_txn=getattr(body, "keep_prepared_txn", False)))
     error = old_fenced_error(result.error, ctx.api_version, PRODUCER_FENCED_MIN_VERSION)
-    return _answer(error, result.producer_id, result.producer_epoch)
+    ongoing = ((result.ongoing_txn_producer_id, result.ongoing_txn_producer_epoch)
+               if ctx.api_version >= TWO_PHASE_COMMIT_MIN_VERSION else None)
+    return _answer(error, result.producer_id, result.producer_epoch, ongoing)

@@ -85,6 +85,7 @@ def txn_config(config: BrokerConfig, num_partitions: int) -> TxnConfig:
     return TxnConfig(
         transaction_state_num_partitions=num_partitions,
         transaction_max_timeout_ms=config.transaction_max_timeout_ms,
+        transaction_two_phase_commit_enable=config.transaction_two_phase_commit_enable,
         transactional_id_expiration_ms=config.transactional_id_expiration_ms,
         abort_timed_out_cleanup_interval_ms=config.transaction_abort_timed_out_cleanup_interval_ms,
         remove_expired_cleanup_interval_ms=config.transaction_remove_expired_cleanup_interval_ms,
