@@ -149,3 +149,68 @@ def test_java_client(secure, mechanism, tmp_path):
     _allow(admin, topic, group)
     [result] = run_java("SecureRoundTrip", str(properties), topic, group, "5")
     assert result == {"consumed": [f"v{i}" for i in range(5)]}
+
+
+def _allow_transactional(admin: AdminClient, topic: str, group: str, txn_id: str) -> None:
+    _allow(admin, topic, group)
+    binding = AclBinding(ResourceType.TRANSACTIONAL_ID, txn_id, ResourcePatternType.LITERAL,
+                         "User:app", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=WAIT_S)
+
+
+def test_kafka_python_secured_transactions(secure):
+    """kafka-python 3: a wrong password is refused; with ACLs a transaction commits and a
+    read_committed consumer sees it; another transactional id and another group are not
+    authorized (Kafka's error codes 53 and 30)."""
+    import kafka
+    from kafka.errors import (
+        GroupAuthorizationFailedError,
+        KafkaError,
+        TransactionalIdAuthorizationFailedError,
+    )
+
+    broker, certs, admin = secure
+    suffix = uuid.uuid4().hex[:8]
+    topic, group, txn_id = f"kpt-{suffix}", f"kpt-g-{suffix}", f"kpt-tx-{suffix}"
+    settings = dict(bootstrap_servers=broker.bootstrap_servers, security_protocol="SASL_SSL",
+                    ssl_cafile=str(certs.ca_file), sasl_mechanism="SCRAM-SHA-256",
+                    sasl_plain_username="app", sasl_plain_password="app-secret")
+    # A wrong password: kafka-python retries the bootstrap until bootstrap_timeout_ms, then
+    # gives up (the same settings with the right password work below).
+    with pytest.raises(KafkaError, match="Unable to bootstrap"):
+        kafka.KafkaProducer(**{**settings, "sasl_plain_password": "wrong"},
+                            bootstrap_timeout_ms=3_000).close()
+    _allow_transactional(admin, topic, group, txn_id)
+    producer = kafka.KafkaProducer(**settings, transactional_id=txn_id, max_block_ms=20_000)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(3):
+            producer.send(topic, f"t{i}".encode())
+        producer.commit_transaction()
+    finally:
+        producer.close()
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        other = kafka.KafkaProducer(**settings, transactional_id=f"{txn_id}-other",
+                                    max_block_ms=20_000)
+        try:
+            other.init_transactions()
+        finally:
+            other.close()
+    consumer = kafka.KafkaConsumer(topic, **settings, group_id=group,
+                                   isolation_level="read_committed",
+                                   auto_offset_reset="earliest", consumer_timeout_ms=20_000)
+    try:
+        values = [m.value for _, m in zip(range(3), consumer)]
+        consumer.commit()
+    finally:
+        consumer.close()
+    assert values == [f"t{i}".encode() for i in range(3)]
+    denied = kafka.KafkaConsumer(topic, **settings, group_id=f"{group}-other",
+                                 auto_offset_reset="earliest", consumer_timeout_ms=20_000)
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):
+            list(denied)
+    finally:
+        denied.close()
