@@ -214,3 +214,65 @@ def test_kafka_python_secured_transactions(secure):
             list(denied)
     finally:
         denied.close()
+
+
+def test_aiokafka_secured_transactions(secure):
+    """aiokafka: the same secured flow with its transactional producer."""
+    import aiokafka
+    from aiokafka.errors import (
+        GroupAuthorizationFailedError,
+        KafkaConnectionError,
+        TransactionalIdAuthorizationFailed,
+    )
+
+    broker, certs, admin = secure
+    suffix = uuid.uuid4().hex[:8]
+    topic, group, txn_id = f"akt-{suffix}", f"akt-g-{suffix}", f"akt-tx-{suffix}"
+    settings = {"bootstrap_servers": broker.bootstrap_servers, "security_protocol": "SASL_SSL",
+                "ssl_context": ssl.create_default_context(cafile=str(certs.ca_file)),
+                "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "app",
+                "sasl_plain_password": "app-secret"}
+
+    async def run() -> list[bytes]:
+        wrong = aiokafka.AIOKafkaProducer(**{**settings, "sasl_plain_password": "wrong"})
+        with pytest.raises(KafkaConnectionError):
+            await wrong.start()
+        await wrong.stop()
+        _allow_transactional(admin, topic, group, txn_id)
+        producer = aiokafka.AIOKafkaProducer(**settings, transactional_id=txn_id)
+        await producer.start()
+        try:
+            async with producer.transaction():
+                for i in range(3):
+                    await producer.send(topic, f"t{i}".encode())
+        finally:
+            await producer.stop()
+        other = aiokafka.AIOKafkaProducer(**settings, transactional_id=f"{txn_id}-other")
+        with pytest.raises(TransactionalIdAuthorizationFailed):
+            await other.start()
+        await other.stop()
+        consumer = aiokafka.AIOKafkaConsumer(topic, **settings, group_id=group,
+                                             isolation_level="read_committed",
+                                             auto_offset_reset="earliest")
+        await consumer.start()
+        values: list[bytes] = []
+        try:
+            async with asyncio.timeout(WAIT_S):
+                async for message in consumer:
+                    values.append(message.value)
+                    if len(values) == 3:
+                        break
+        finally:
+            await consumer.stop()
+        denied = aiokafka.AIOKafkaConsumer(topic, **settings, group_id=f"{group}-other",
+                                           auto_offset_reset="earliest")
+        try:
+            with pytest.raises(GroupAuthorizationFailedError):
+                await denied.start()
+                async with asyncio.timeout(WAIT_S):
+                    await denied.getmany(timeout_ms=WAIT_S * 1000)
+        finally:
+            await denied.stop()
+        return values
+
+    assert asyncio.run(run()) == [f"t{i}".encode() for i in range(3)]
