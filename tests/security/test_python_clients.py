@@ -125,7 +125,8 @@ def test_aiokafka(secure, mechanism):
     assert asyncio.run(run()) == [f"v{i}".encode() for i in range(5)]
 
 
-@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256"])
+# SCRAM-SHA-256 from Java: test_java_client_secured_transactions.
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512"])
 def test_java_client(secure, mechanism, tmp_path):
     """The Java client (kafka-clients, tests/java_support.py) with the properties a Java
     application would use against Kafka: SASL_SSL, SCRAM, a PEM trust store."""
@@ -276,3 +277,38 @@ def test_aiokafka_secured_transactions(secure):
         return values
 
     assert asyncio.run(run()) == [f"t{i}".encode() for i in range(3)]
+
+
+def test_java_client_secured_transactions(secure, tmp_path):
+    """The Java client with SCRAM-SHA-256: a wrong password is refused; with ACLs a
+    transaction commits and is read read_committed; another transactional id and
+    another group are not authorized."""
+    from tests.java_support import run_java
+
+    broker, certs, admin = secure
+    suffix = uuid.uuid4().hex[:8]
+    topic, group, txn_id = f"jvt-{suffix}", f"jvt-g-{suffix}", f"jvt-tx-{suffix}"
+
+    def properties(password: str):
+        path = tmp_path / f"{password}.properties"
+        path.write_text("\n".join([
+            f"bootstrap.servers={broker.bootstrap_servers}",
+            "security.protocol=SASL_SSL",
+            "sasl.mechanism=SCRAM-SHA-256",
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+            f'required username="app" password="{password}";',
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={certs.ca_file}",
+        ]) + "\n")
+        return str(path)
+
+    good = properties("app-secret")
+    _allow_transactional(admin, topic, group, txn_id)
+    [wrong] = run_java("SecureRoundTrip", properties("wrong"), topic, group, "3", txn_id)
+    assert wrong == {"error": "SaslAuthenticationException"}
+    [result] = run_java("SecureRoundTrip", good, topic, group, "3", txn_id)
+    assert result == {"consumed": ["v0", "v1", "v2"]}
+    [other_txn] = run_java("SecureRoundTrip", good, topic, group, "3", f"{txn_id}-other")
+    assert other_txn == {"error": "TransactionalIdAuthorizationException"}
+    [other_group] = run_java("SecureRoundTrip", good, topic, f"{group}-other", "3", txn_id)
+    assert other_group == {"error": "GroupAuthorizationException"}
