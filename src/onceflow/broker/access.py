@@ -19,6 +19,7 @@ import logging
 from onceflow.broker.config import BrokerConfig
 from onceflow.security.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
 from onceflow.security.listeners import Listener
+from onceflow.security.principal import parse_mapping_rules
 from onceflow.security.sasl import SaslSession, SaslState
 from onceflow.security.scram import ScramCredential, parse_add_scram
 from onceflow.security.store import SecurityData, SecurityStore
@@ -54,6 +55,8 @@ class Access:
                 user, credential = parse_add_scram(spec)
                 data = data.with_credential(user, credential)
             self.store.replace(data)
+        # ssl.principal.mapping.rules (checked by the CLI; a bad value raises here)
+        self.principal_mapper = parse_mapping_rules(config.ssl_principal_mapping_rules)
         self.authorizer = (Authorizer(config.super_users, self.store.data.acls,
                                       config.allow_everyone_if_no_acl_found)
                            if config.authorizer else None)

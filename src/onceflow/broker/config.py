@@ -93,6 +93,7 @@ class BrokerConfig:
     ssl_keyfile: Path | None = None                      # its private key (PEM)
     ssl_cafile: Path | None = None                       # ssl.truststore.location (PEM)
     ssl_client_auth: str = "none"                        # ssl.client.auth
+    ssl_principal_mapping_rules: str = "DEFAULT"         # ssl.principal.mapping.rules
     sasl_mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")  # sasl.enabled.mechanisms
     add_scram: tuple[str, ...] = ()                      # kafka-storage --add-scram values
     authorizer: bool = False                             # authorizer.class.name set
