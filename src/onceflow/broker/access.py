@@ -20,7 +20,7 @@ from onceflow.broker.config import BrokerConfig
 from onceflow.security.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
 from onceflow.security.listeners import Listener
 from onceflow.security.principal import parse_mapping_rules
-from onceflow.security.sasl import SaslSession, SaslState
+from onceflow.security.sasl import SaslSession
 from onceflow.security.scram import ScramCredential, parse_add_scram
 from onceflow.security.store import SecurityData, SecurityStore
 
@@ -40,7 +40,7 @@ class Session:
 
     @property
     def authenticated(self) -> bool:
-        return self.sasl is None or self.sasl.state == SaslState.COMPLETE
+        return self.sasl is None or self.sasl.logged_in
 
 
 class Access:
@@ -65,7 +65,8 @@ class Access:
         sasl = None
         if listener.sasl:
             sasl = SaslSession(self._config.sasl_mechanisms, self.store.credential,
-                               self.store.password_ok)
+                               self.store.password_ok,
+                               reauth_ms=self._config.connections_max_reauth_ms)
         return Session(listener, host, sasl=sasl)
 
     # -- authorization -----------------------------------------------------

@@ -86,6 +86,10 @@ def broker(
         "DEFAULT", "--ssl-principal-mapping-rules",
         help="mTLS principal names from certificate subjects, Kafka's syntax: "
              "RULE:pattern/replacement/[LU],...,DEFAULT (ssl.principal.mapping.rules)."),
+    connections_max_reauth_ms: int = typer.Option(
+        0, "--connections-max-reauth-ms", min=0,
+        help="SASL clients re-authenticate within this many ms, else their connection is "
+             "closed (connections.max.reauth.ms, KIP-368); 0: never."),
     sasl_mechanisms: str = typer.Option(
         "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--sasl-mechanisms",
         help="Enabled SASL mechanisms (sasl.enabled.mechanisms); OAUTHBEARER takes "
@@ -139,6 +143,7 @@ def broker(
         consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
         consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
         admin_token=admin_token, admin_tls=admin_tls,
+        connections_max_reauth_ms=connections_max_reauth_ms,
         **security,
     )
     if config_file is None:
