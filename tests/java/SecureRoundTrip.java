@@ -11,9 +11,10 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
 
-/** Produces N records idempotently, then consumes them in a group with read_committed and
- *  commits, all with the security settings of a client properties file (SASL_SSL, SCRAM).
- *  Usage: SecureRoundTrip CLIENT_PROPERTIES TOPIC GROUP N.
+/** Produces N records idempotently (in one transaction when TRANSACTIONAL_ID is given),
+ *  then consumes them in a group with read_committed and commits, all with the security
+ *  settings of a client properties file (SASL_SSL, SCRAM).
+ *  Usage: SecureRoundTrip CLIENT_PROPERTIES TOPIC GROUP N [TRANSACTIONAL_ID].
  *  Prints {"consumed": [values]} or {"error": "ExceptionClass"}. */
 public class SecureRoundTrip {
     public static void main(String[] args) throws Exception {
@@ -30,13 +31,23 @@ public class SecureRoundTrip {
         p.put("max.block.ms", "20000");
         p.put("key.serializer", StringSerializer.class.getName());
         p.put("value.serializer", StringSerializer.class.getName());
+        String transactionalId = args.length > 4 ? args[4] : null;
+        if (transactionalId != null) {
+            p.put("transactional.id", transactionalId);
+        }
         try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
+            if (transactionalId != null) {
+                producer.initTransactions();
+                producer.beginTransaction();
+            }
             for (int i = 0; i < count; i++) {
                 producer.send(new ProducerRecord<>(topic, 0, "k" + i, "v" + i)).get();
             }
+            if (transactionalId != null) {
+                producer.commitTransaction();
+            }
         } catch (Exception e) {
-            Throwable cause = e.getCause() != null ? e.getCause() : e;
-            System.out.println("{\"error\": \"" + cause.getClass().getSimpleName() + "\"}");
+            printError(e);
             return;
         }
         Properties c = new Properties();
@@ -57,11 +68,19 @@ public class SecureRoundTrip {
                 }
             }
             consumer.commitSync();
+        } catch (Exception e) {
+            printError(e);
+            return;
         }
         StringBuilder out = new StringBuilder("{\"consumed\": [");
         for (int i = 0; i < values.size(); i++) {
             out.append(i == 0 ? "" : ", ").append('"').append(values.get(i)).append('"');
         }
         System.out.println(out.append("]}"));
+    }
+
+    private static void printError(Exception e) {
+        Throwable cause = e.getCause() != null ? e.getCause() : e;
+        System.out.println("{\"error\": \"" + cause.getClass().getSimpleName() + "\"}");
     }
 }

@@ -351,3 +351,79 @@ def test_unauthenticated_connection_is_closed_after_the_login_timeout(tmp_path):
             started = time.monotonic()
             assert sock.recv(1) == b""           # closed by the broker, nothing sent
             assert time.monotonic() - started < WAIT_S
+
+
+def _login_plain(session: SaslSession, user="alice", password="alice-secret") -> None:
+    session.check(ApiKey.SASL_HANDSHAKE)
+    assert session.handshake("PLAIN")
+    session.check(ApiKey.SASL_AUTHENTICATE)
+    session.authenticate(f"\x00{user}\x00{password}".encode())
+
+
+def test_reauthentication_state_machine():
+    """KIP-368 with a fake clock: the session lifetime, re-authentication with the same
+    principal, a changed principal or mechanism refused, an expired session closed."""
+    USERS["bob"] = "bob-secret"
+    now = [1000.0]
+    creds = {}
+    session = SaslSession(("PLAIN", "SCRAM-SHA-512"), lambda u, m: creds.get((u, m)),
+                          lambda u, p: USERS.get(u) == p, clock_s=lambda: now[0],
+                          reauth_ms=10_000)
+    _login_plain(session)
+    assert session.state == SaslState.COMPLETE and session.session_lifetime_ms() == 10_000
+    session.check(ApiKey.METADATA)
+    now[0] += 9
+    _login_plain(session)                          # re-authenticated in time: 10 s more
+    assert session.session_lifetime_ms() == 10_000 and session.principal == "User:alice"
+    now[0] += 11
+    with pytest.raises(SaslStateError, match="expired"):
+        session.check(ApiKey.METADATA)
+    session.check(ApiKey.SASL_HANDSHAKE)           # a late re-authentication still may
+    with pytest.raises(SaslStateError):
+        session.check(ApiKey.METADATA)             # ... and nothing else in between
+    changed = SaslSession(("PLAIN",), lambda u, m: None, lambda u, p: USERS.get(u) == p,
+                          clock_s=lambda: now[0], reauth_ms=10_000)
+    _login_plain(changed)
+    changed.check(ApiKey.SASL_HANDSHAKE)
+    assert changed.handshake("PLAIN")
+    with pytest.raises(AuthenticationFailed, match="Cannot change principals"):
+        changed.authenticate(b"\x00bob\x00bob-secret")
+    assert changed.state == SaslState.FAILED
+    other_mechanism = SaslSession(("PLAIN", "SCRAM-SHA-512"), lambda u, m: None,
+                                  lambda u, p: USERS.get(u) == p, reauth_ms=10_000)
+    _login_plain(other_mechanism)
+    assert not other_mechanism.handshake("SCRAM-SHA-512")
+    # Without connections.max.reauth.ms: lifetime 0, a second handshake is not expected.
+    plain = _session()
+    _login_plain(plain)
+    assert plain.session_lifetime_ms() == 0 and not plain.expects_handshake()
+    del USERS["bob"]
+
+
+def test_confluent_kafka_reauthenticates(tmp_path, caplog):
+    """librdkafka re-authenticates within connections.max.reauth.ms and keeps producing
+    on the same connection; the broker never closes it for an expired session."""
+    caplog.set_level(logging.INFO, logger="onceflow")
+    certs = make_certs(tmp_path / "certs")
+    broker = Broker(tmp_path / "data", listeners="SASL_SSL://127.0.0.1:0",
+                    ssl_certfile=certs.cert_file, ssl_keyfile=certs.key_file,
+                    add_scram=("SCRAM-SHA-512=[name=alice,password=alice-secret]",),
+                    connections_max_reauth_ms=1500)
+    with broker:
+        settings = _settings(broker, certs, "SASL_SSL", "SCRAM-SHA-512")
+        reports: list = []
+        producer = Producer(settings)
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        deadline = time.monotonic() + 5    # over three session lifetimes
+        sent = 0
+        while time.monotonic() < deadline:
+            producer.produce(topic, b"v", on_delivery=lambda err, msg: reports.append(err))
+            sent += 1
+            producer.poll(0.2)
+        assert producer.flush(WAIT_S) == 0
+        assert reports == [None] * sent
+    logins = [r for r in caplog.records
+              if "authentication of User:alice" in r.getMessage()]
+    closed = [r for r in caplog.records if "expired" in r.getMessage()]
+    # One or two connections log in, and at least one re-authenticates in 5 s.
+    assert len(logins) >= 3 and not closed, [r.getMessage() for r in caplog.records]

@@ -155,3 +155,49 @@ def test_mtls_required_principal(tmp_path):
                              "socket.timeout.ms": 3000})
         with pytest.raises(KafkaException):
             admin.list_topics(timeout=5)
+
+
+def test_principal_mapping_rules_parse_as_kafka():
+    """The examples of Kafka's documentation and SslPrincipalMapper's tests."""
+    from onceflow.security.principal import MappingRuleError, parse_mapping_rules
+
+    mapper = parse_mapping_rules(
+        "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,"
+        "RULE:^CN=(.*?),OU=(.*?),O=(.*?),L=(.*?),ST=(.*?),C=(.*?)$/$1@$2/L, "
+        "RULE:^.*[Cc][Nn]=([a-zA-Z0-9.]*).*$/$1/L,\nDEFAULT")
+    assert mapper.name("CN=Duke,OU=ServiceUsers,O=Org,C=US") == "Duke"
+    assert mapper.name("CN=Duke,OU=SME,O=mycp,L=Fulton,ST=MD,C=US") == "duke@sme"
+    assert mapper.name("cn=duke,ou=JavaSoft,o=Sun Microsystems") == "duke"
+    assert mapper.name("OU=JavaSoft,O=Sun Microsystems,C=US") == "OU=JavaSoft,O=Sun Microsystems,C=US"
+    upper = parse_mapping_rules("RULE:^CN=(.*),OU=.*$/$1/U")
+    assert upper.name("CN=app,OU=eng") == "APP" and upper.name("O=x") is None
+    # $2 past the last group stays literal; \/ escapes the separator.
+    assert parse_mapping_rules(r"RULE:^CN=(.*)$/$1\/$2/").name("CN=a") == "a/$2"
+    assert parse_mapping_rules(None).name("CN=a") == "CN=a"
+    for bad in ("foo", "RULE:a/b", "RULE:a/b/X", "RULE:(/b/", "DEFAULT,junk"):
+        with pytest.raises(MappingRuleError):
+            parse_mapping_rules(bad)
+
+
+def test_mtls_principal_mapping_rules(tmp_path):
+    """--ssl-principal-mapping-rules: the mapped name is the principal; a certificate no
+    rule applies to is refused (its connection closed), as Kafka refuses it."""
+    certs = make_certs(tmp_path / "certs")
+    chain, key, _subject = certs.client(tmp_path / "certs", "app", "app", organization_unit="eng")
+    other_chain, other_key, _ = certs.client(tmp_path / "certs", "other", "other")
+    broker = Broker(tmp_path / "data", listeners="SSL://127.0.0.1:0",
+                    ssl_certfile=certs.cert_file, ssl_keyfile=certs.key_file,
+                    ssl_cafile=certs.ca_file, ssl_client_auth="required",
+                    ssl_principal_mapping_rules="RULE:^CN=([^,]*),OU=eng(,.*)?$/$1/U",
+                    authorizer=True, super_users=("User:APP",))
+    with broker:
+        bootstrap = broker.bootstrap_servers
+        base = {"security.protocol": "SSL", "ssl.ca.location": str(certs.ca_file)}
+        mtls = base | {"ssl.certificate.location": str(chain), "ssl.key.location": str(key)}
+        # User:APP (the mapped name) is the super user.
+        assert len(_round_trip(bootstrap, mtls, f"t-{uuid.uuid4().hex[:8]}")) == 10
+        other = AdminClient({"bootstrap.servers": bootstrap, **base,
+                             "ssl.certificate.location": str(other_chain),
+                             "ssl.key.location": str(other_key), "socket.timeout.ms": 3000})
+        with pytest.raises(KafkaException):
+            other.list_topics(timeout=5)

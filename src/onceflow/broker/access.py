@@ -19,7 +19,8 @@ import logging
 from onceflow.broker.config import BrokerConfig
 from onceflow.security.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
 from onceflow.security.listeners import Listener
-from onceflow.security.sasl import SaslSession, SaslState
+from onceflow.security.principal import parse_mapping_rules
+from onceflow.security.sasl import SaslSession
 from onceflow.security.scram import ScramCredential, parse_add_scram
 from onceflow.security.store import SecurityData, SecurityStore
 
@@ -39,7 +40,7 @@ class Session:
 
     @property
     def authenticated(self) -> bool:
-        return self.sasl is None or self.sasl.state == SaslState.COMPLETE
+        return self.sasl is None or self.sasl.logged_in
 
 
 class Access:
@@ -54,6 +55,8 @@ class Access:
                 user, credential = parse_add_scram(spec)
                 data = data.with_credential(user, credential)
             self.store.replace(data)
+        # ssl.principal.mapping.rules (checked by the CLI; a bad value raises here)
+        self.principal_mapper = parse_mapping_rules(config.ssl_principal_mapping_rules)
         self.authorizer = (Authorizer(config.super_users, self.store.data.acls,
                                       config.allow_everyone_if_no_acl_found)
                            if config.authorizer else None)
@@ -62,7 +65,8 @@ class Access:
         sasl = None
         if listener.sasl:
             sasl = SaslSession(self._config.sasl_mechanisms, self.store.credential,
-                               self.store.password_ok)
+                               self.store.password_ok,
+                               reauth_ms=self._config.connections_max_reauth_ms)
         return Session(listener, host, sasl=sasl)
 
     # -- authorization -----------------------------------------------------

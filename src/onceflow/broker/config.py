@@ -95,6 +95,9 @@ class BrokerConfig:
     ssl_keyfile: Path | None = None                      # its private key (PEM)
     ssl_cafile: Path | None = None                       # ssl.truststore.location (PEM)
     ssl_client_auth: str = "none"                        # ssl.client.auth
+    ssl_principal_mapping_rules: str = "DEFAULT"         # ssl.principal.mapping.rules
+    # connections.max.reauth.ms: 0 = no re-authentication (KIP-368), Kafka's default.
+    connections_max_reauth_ms: int = 0
     sasl_mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")  # sasl.enabled.mechanisms
     add_scram: tuple[str, ...] = ()                      # kafka-storage --add-scram values
     authorizer: bool = False                             # authorizer.class.name set

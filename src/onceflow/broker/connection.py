@@ -100,6 +100,10 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._peer.client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
         self._peer.session = _session(self._shared.access, self._listener, transport)
+        if self._peer.session is None:
+            self._drop("no ssl.principal.mapping.rules rule applies to the client "
+                       "certificate's subject")
+            return
         self._shared.open.add(self)
         if self._peer.session.sasl is not None:
             # An unauthenticated peer may not hold a connection for ever.
@@ -243,16 +247,21 @@ def _client_host(transport: asyncio.BaseTransport) -> str:
     return f"/{peer[0]}" if isinstance(peer, tuple) and peer else ""
 
 
-def _session(access: Access, listener: Listener, transport: asyncio.BaseTransport) -> Session:
+def _session(access: Access, listener: Listener,
+             transport: asyncio.BaseTransport) -> Session | None:
     """A new connection's session; with a verified client certificate (mTLS) its principal
-    is `User:` + the certificate's subject in RFC 2253 form (Kafka's default rule)."""
+    is `User:` + the name ssl.principal.mapping.rules give its subject in RFC 2253 form
+    (DEFAULT: the subject itself). None when no rule applies: Kafka refuses the client."""
     peer = transport.get_extra_info("peername")
     session = access.session(listener, peer[0] if isinstance(peer, tuple) and peer else "")
     if listener.tls and not listener.sasl:
         ssl_object = transport.get_extra_info("ssl_object")
         cert = ssl_object.getpeercert() if ssl_object is not None else None
         if cert:
-            session.principal = f"User:{rfc2253(cert.get('subject', ()))}"
+            name = access.principal_mapper.name(rfc2253(cert.get("subject", ())))
+            if name is None:
+                return None
+            session.principal = f"User:{name}"
     return session
 
 

@@ -82,6 +82,14 @@ def broker(
                                     help="CA certificates that client certificates must chain to."),
     ssl_client_auth: str = typer.Option(
         "none", "--ssl-client-auth", help="none, requested or required (ssl.client.auth)."),
+    ssl_principal_mapping_rules: str = typer.Option(
+        "DEFAULT", "--ssl-principal-mapping-rules",
+        help="mTLS principal names from certificate subjects, Kafka's syntax: "
+             "RULE:pattern/replacement/[LU],...,DEFAULT (ssl.principal.mapping.rules)."),
+    connections_max_reauth_ms: int = typer.Option(
+        0, "--connections-max-reauth-ms", min=0,
+        help="SASL clients re-authenticate within this many ms, else their connection is "
+             "closed (connections.max.reauth.ms, KIP-368); 0: never."),
     sasl_mechanisms: str = typer.Option(
         "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--sasl-mechanisms",
         help="Enabled SASL mechanisms (sasl.enabled.mechanisms); OAUTHBEARER takes "
@@ -117,6 +125,7 @@ def broker(
         listeners=listeners, listener_security_protocol_map=listener_security_protocol_map,
         advertised_listeners=advertised_listeners, ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile, ssl_cafile=ssl_cafile, ssl_client_auth=ssl_client_auth,
+        ssl_principal_mapping_rules=ssl_principal_mapping_rules,
         sasl_mechanisms=sasl_mechanisms, add_scram=add_scram, authorizer=authorizer,
         super_users=super_users)
     if admin_tls and ssl_certfile is None:
@@ -134,6 +143,7 @@ def broker(
         consumer_group_session_timeout_ms=group_consumer_session_timeout_ms,
         consumer_group_heartbeat_interval_ms=group_consumer_heartbeat_interval_ms,
         admin_token=admin_token, admin_tls=admin_tls,
+        connections_max_reauth_ms=connections_max_reauth_ms,
         **security,
     )
     if config_file is None:
@@ -181,6 +191,7 @@ def check_security_settings(**options) -> dict:
     """The security options as BrokerConfig fields, checked before the broker starts
     (one line naming the bad option if not; a password never appears in it)."""
     from onceflow.security.listeners import ListenerError, parse_advertised, parse_listeners
+    from onceflow.security.principal import MappingRuleError, parse_mapping_rules
     from onceflow.security.sasl import MECHANISMS
     from onceflow.security.scram import CredentialError, parse_add_scram
 
@@ -191,6 +202,10 @@ def check_security_settings(**options) -> dict:
         raise typer.BadParameter(f"unknown SASL mechanism(s) {unknown}; known: {MECHANISMS}")
     if options["ssl_client_auth"] not in ("none", "requested", "required"):
         raise typer.BadParameter("--ssl-client-auth is none, requested or required")
+    try:
+        parse_mapping_rules(options["ssl_principal_mapping_rules"])
+    except MappingRuleError as exc:
+        raise typer.BadParameter(str(exc)) from None
     try:
         if options["listeners"]:
             parsed = parse_listeners(options["listeners"],

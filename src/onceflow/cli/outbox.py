@@ -24,6 +24,8 @@ from onceflow.cli.clients import (
     BOOTSTRAP_DEFAULT,
     BootstrapOption,
     CliError,
+    CommandConfigOption,
+    command_properties,
     exits_cleanly,
     stdout,
 )
@@ -101,10 +103,12 @@ def relay(
         = relay_module.POLL_INTERVAL_MS_DEFAULT,
     prune: Annotated[bool, typer.Option("--prune", help="Delete rows once published.")]
         = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Publish committed outbox rows to Kafka, each exactly once and in order."""
     config = relay_module.RelayConfig(database_url, bootstrap_servers, name, table,
-                                      progress_topic_name, batch, poll_ms, prune)
+                                      progress_topic_name, batch, poll_ms, prune,
+                                      command_properties(command_config))
     stopping: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     instance = relay_module.Relay(config)
@@ -132,13 +136,15 @@ def status(
     name: NameOption = None,
     table: TableOption = store.DEFAULT_TABLE,
     progress_topic_name: ProgressTopicOption = progress_topic.DEFAULT_PROGRESS_TOPIC,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Show a relay's next sequence number and the rows waiting behind it."""
     relay_name = name or table
+    properties = command_properties(command_config)
     with _connect(database_url) as database:
         outbox_id = _guarded(lambda: store.outbox_id(database, table))
         found = _guarded(lambda: progress_topic.read(bootstrap_servers, progress_topic_name,
-                                                     relay_name))
+                                                     relay_name, properties=properties))
         next_seq = found.next_seq if found is not None else 0
         waiting = store.backlog(database, next_seq, table)
     rows = [("relay", relay_name), ("outbox", f"{table} in {database.display}"),

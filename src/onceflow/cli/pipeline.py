@@ -22,7 +22,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from onceflow.cli.clients import CliError, exits_cleanly, stdout
+from onceflow.cli.clients import (
+    CliError,
+    CommandConfigOption,
+    command_properties,
+    exits_cleanly,
+    stdout,
+)
 from onceflow.spark import checkpoint as checkpoints
 from onceflow.spark.session import DEFAULT_MASTER
 
@@ -52,8 +58,12 @@ def run(
     live: Annotated[bool | None, typer.Option(
         "--live/--log", help="Progress as a live table or as log lines (default: live on a terminal).",
         show_default=False)] = None,
+    command_config: CommandConfigOption = None,
 ) -> None:
-    """Run a pipeline until stopped (Ctrl-C / SIGTERM), --available-now, or --until-idle."""
+    """Run a pipeline until stopped (Ctrl-C / SIGTERM), --available-now, or --until-idle.
+
+    --command-config: Kafka client properties (security.protocol, sasl.*, ssl.*) for the
+    Kafka source and the Kafka sinks on the pipeline's cluster, passed as kafka.* options."""
     from onceflow.spark.monitor import open_display
     from onceflow.spark.pipeline import PipelineError, Until, load_pipeline
 
@@ -65,6 +75,7 @@ def run(
         pipeline = load_pipeline(file)
         if checkpoint is not None:
             pipeline = pipeline.replace(checkpoint=str(checkpoint))
+        pipeline = pipeline.with_kafka_properties(command_properties(command_config))
         bootstrap = pipeline.resolve_bootstrap(bootstrap_servers)
     except PipelineError as exc:
         raise CliError(str(exc)) from None

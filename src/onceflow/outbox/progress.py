@@ -21,6 +21,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -63,13 +64,16 @@ class Progress:
             raise ProgressError(f"unreadable progress record {value[:200]!r}: {exc}") from None
 
 
-def client_config(bootstrap_servers: str) -> dict[str, object]:
-    return {"bootstrap.servers": bootstrap_servers, "logger": _LOG}
+def client_config(bootstrap_servers: str,
+                  properties: Mapping[str, str] | None = None) -> dict[str, object]:
+    """librdkafka settings: `properties` (security.protocol, sasl.*, ssl.* ...) first."""
+    return {**(properties or {}), "bootstrap.servers": bootstrap_servers, "logger": _LOG}
 
 
-def ensure_topic(bootstrap_servers: str, topic: str) -> None:
+def ensure_topic(bootstrap_servers: str, topic: str,
+                 properties: Mapping[str, str] | None = None) -> None:
     """Create the compacted progress topic unless it exists."""
-    admin = AdminClient(client_config(bootstrap_servers))
+    admin = AdminClient(client_config(bootstrap_servers, properties))
     if topic in admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics:
         return
     new_topic = NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})
@@ -82,9 +86,10 @@ def ensure_topic(bootstrap_servers: str, topic: str) -> None:
 
 
 def read(bootstrap_servers: str, topic: str, name: str,
-         timeout_s: float = READ_TIMEOUT_S) -> Progress | None:
+         timeout_s: float = READ_TIMEOUT_S,
+         properties: Mapping[str, str] | None = None) -> Progress | None:
     """The latest committed progress record of relay `name`; None if it has none."""
-    consumer = Consumer({**client_config(bootstrap_servers),
+    consumer = Consumer({**client_config(bootstrap_servers, properties),
                          "group.id": f"onceflow-outbox-reader-{uuid.uuid4().hex[:12]}",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "enable.partition.eof": True})

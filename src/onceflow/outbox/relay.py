@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -65,6 +65,8 @@ class RelayConfig:
     batch_rows: int = BATCH_ROWS_DEFAULT
     poll_interval_ms: int = POLL_INTERVAL_MS_DEFAULT
     prune: bool = False              # delete rows once published
+    # Client properties (security.protocol, sasl.*, ssl.*): the CLI's --command-config.
+    client_properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def relay_name(self) -> str:
@@ -101,14 +103,15 @@ class Relay:
         config = self.config
         self.database = db.connect(config.db_url)
         self.outbox_id = store.outbox_id(self.database, config.table)
-        progress_topic.ensure_topic(config.bootstrap_servers, config.progress_topic)
+        properties = config.client_properties
+        progress_topic.ensure_topic(config.bootstrap_servers, config.progress_topic, properties)
         self.producer = Producer({
-            **progress_topic.client_config(config.bootstrap_servers),
+            **progress_topic.client_config(config.bootstrap_servers, properties),
             "transactional.id": config.transactional_id,
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, "linger.ms": 5})
         self._kafka(lambda: self.producer.init_transactions(KAFKA_CALL_TIMEOUT_S))
         found = progress_topic.read(config.bootstrap_servers, config.progress_topic,
-                                    config.relay_name)
+                                    config.relay_name, properties=properties)
         if found is not None and found.outbox_id != self.outbox_id:
             raise RelayError(
                 f"relay '{config.relay_name}' has progress for outbox {found.outbox_id} "

@@ -14,8 +14,14 @@ closes the connection (`SaslStateError`). The states:
   COMPLETE with the principal `User:<name>`; a wrong password, an unknown user or a
   malformed token moves to FAILED and is answered SASL_AUTHENTICATION_FAILED with
   Kafka's message, which never says which part was wrong.
-- COMPLETE: every API the broker speaks; SaslHandshake and SaslAuthenticate are answered
-  ILLEGAL_SASL_STATE by their handlers (re-authentication, KIP-368, is not offered).
+- COMPLETE: every API the broker speaks. Without re-authentication
+  (`connections.max.reauth.ms` 0, Kafka's default) SaslHandshake and SaslAuthenticate are
+  answered ILLEGAL_SASL_STATE by their handlers. With it (KIP-368) the login's
+  SaslAuthenticate (v1+) tells the client its session lifetime - that many ms, or less
+  for an OAUTHBEARER token that expires sooner; a SaslHandshake for the same mechanism
+  starts a re-authentication (back to AUTHENTICATE), which must end with the same
+  principal; a request other than SaslHandshake after the session expired closes the
+  connection, as Kafka closes it.
 - FAILED: nothing; the connection closes after the failure answer is written.
 
 Passwords and tokens never reach an exception message or a log line here.
@@ -64,7 +70,7 @@ _ALLOWED: dict[SaslState, frozenset[int]] = {
 _TRANSITIONS: dict[SaslState, frozenset[SaslState]] = {
     SaslState.HANDSHAKE_OR_VERSIONS: frozenset({SaslState.AUTHENTICATE, SaslState.FAILED}),
     SaslState.AUTHENTICATE: frozenset({SaslState.COMPLETE, SaslState.FAILED}),
-    SaslState.COMPLETE: frozenset(),
+    SaslState.COMPLETE: frozenset({SaslState.AUTHENTICATE, SaslState.FAILED}),  # re-auth
     SaslState.FAILED: frozenset(),
 }
 
@@ -87,8 +93,13 @@ class SaslSession:
     """The SASL state of one connection."""
 
     def __init__(self, mechanisms: tuple[str, ...], credential: CredentialLookup,
-                 password_ok: PasswordCheck, clock_s: Callable[[], float] = time.time) -> None:
+                 password_ok: PasswordCheck, clock_s: Callable[[], float] = time.time,
+                 reauth_ms: int = 0) -> None:
         self.mechanisms = mechanisms
+        self.reauth_ms = reauth_ms  # connections.max.reauth.ms; 0: no re-authentication
+        self.expires_at_s: float | None = None  # the session's end (re-authentication on)
+        self._token_expiry_s: float | None = None  # an OAUTHBEARER token's exp claim
+        self._reauthenticating = False
         self._clock_s = clock_s  # OAUTHBEARER token expiry
         self._credential = credential
         self._password_ok = password_ok
@@ -103,8 +114,8 @@ class SaslSession:
         self._scram_user = ""
 
     def allows(self, api_key: int) -> bool:
-        if self.state in (SaslState.COMPLETE, SaslState.FAILED):
-            return self.state == SaslState.COMPLETE
+        if self._admitted == SaslState.COMPLETE or self.state == SaslState.FAILED:
+            return self.state != SaslState.FAILED
         return api_key in _ALLOWED[self._admitted]
 
     def check(self, api_key: int) -> None:
@@ -113,20 +124,47 @@ class SaslSession:
             name = ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key
             raise SaslStateError(f"Unexpected Kafka request of type {name} during SASL "
                                  f"{self._admitted.value}")
-        if api_key == ApiKey.SASL_HANDSHAKE and self.state != SaslState.COMPLETE:
+        if self._admitted == SaslState.COMPLETE:
+            if api_key == ApiKey.SASL_HANDSHAKE and self.reauth_ms > 0:
+                self._admitted = SaslState.AUTHENTICATE  # a re-authentication begins
+            elif self.expires_at_s is not None and self._clock_s() >= self.expires_at_s:
+                raise SaslStateError("SASL session expired without re-authentication "
+                                     "(connections.max.reauth.ms)")
+        elif api_key == ApiKey.SASL_HANDSHAKE:
             self._admitted = SaslState.AUTHENTICATE
+
+    @property
+    def logged_in(self) -> bool:
+        """Whether a login succeeded (also while a re-authentication is under way)."""
+        return self.principal is not None and self.state != SaslState.FAILED
+
+    def expects_handshake(self) -> bool:
+        """Whether a SaslHandshake is legal now: first login, or a re-authentication."""
+        return (self.state == SaslState.HANDSHAKE_OR_VERSIONS
+                or (self.state == SaslState.COMPLETE and self.reauth_ms > 0))
+
+    def session_lifetime_ms(self) -> int:
+        """SaslAuthenticate v1+'s session_lifetime_ms after a login: 0 without
+        re-authentication, else the ms until the session ends."""
+        if self.state != SaslState.COMPLETE or self.expires_at_s is None:
+            return 0
+        return max(1, round((self.expires_at_s - self._clock_s()) * 1000))
 
     def _transition(self, new: SaslState) -> None:
         assert new in _TRANSITIONS[self.state], f"SASL {self.state} -> {new}"
         self.state = new
 
     def handshake(self, mechanism: str) -> bool:
-        """SaslHandshake: True when `mechanism` is enabled (AUTHENTICATE follows)."""
-        if self.state != SaslState.HANDSHAKE_OR_VERSIONS:
+        """SaslHandshake: True when `mechanism` is enabled (AUTHENTICATE follows). A
+        re-authentication must keep the login's mechanism."""
+        if not self.expects_handshake():
             return False
-        if mechanism not in self.mechanisms:
+        reauthenticating = self.state == SaslState.COMPLETE
+        if mechanism not in self.mechanisms or (reauthenticating and mechanism != self.mechanism):
             self._transition(SaslState.FAILED)
             return False
+        self._reauthenticating = reauthenticating
+        self._scram, self._scram_user = None, ""
         self.mechanism = mechanism
         self._transition(SaslState.AUTHENTICATE)
         return True
@@ -191,6 +229,7 @@ class SaslSession:
         if not isinstance(subject, str) or not subject \
                 or not isinstance(expiry, (int, float)) or expiry <= self._clock_s():
             raise self._fail()
+        self._token_expiry_s = float(expiry)
         self._complete(subject)
         return b""
 
@@ -218,5 +257,15 @@ class SaslSession:
         return None if credential is None else credential.auth_info()
 
     def _complete(self, user: str) -> None:
-        self.principal = f"User:{user}"
+        principal = f"User:{user}"
+        if self._reauthenticating and principal != self.principal:
+            raise AuthenticationFailed(f"Cannot change principals during re-authentication "
+                                       f"from {self.principal}: {principal}")
+        self.principal = principal
+        if self.reauth_ms > 0:
+            ends = [self._clock_s() + self.reauth_ms / 1000]
+            if self._token_expiry_s is not None:
+                ends.append(self._token_expiry_s)
+            self.expires_at_s = min(ends)
         self._transition(SaslState.COMPLETE)
+        self._admitted = SaslState.COMPLETE

@@ -412,6 +412,23 @@ class Pipeline:
         """A copy with some fields changed (the CLI's --checkpoint, --bootstrap-servers)."""
         return dataclasses.replace(self, **changes)
 
+    def with_kafka_properties(self, properties: Mapping[str, str]) -> Pipeline:
+        """A copy whose Kafka source and Kafka sinks on the pipeline's cluster also get
+        `properties` (security.protocol, sasl.*, ssl.*: the CLI's --command-config) as
+        `kafka.*` options; they win over the same options in the pipeline file, as the
+        command line's --bootstrap-servers wins over the file's. Sinks naming another
+        cluster keep their own settings."""
+        extra = {f"kafka.{k}": str(v) for k, v in properties.items()}
+        if not extra:
+            return self
+        source = self.source
+        if isinstance(source, KafkaSource):
+            source = dataclasses.replace(source, options={**source.options, **extra})
+        sinks = [dataclasses.replace(sink, options={**sink.options, **extra})
+                 if isinstance(sink, KafkaSink) and sink.bootstrap_servers is None else sink
+                 for sink in self.sinks]
+        return dataclasses.replace(self, source=source, sinks=sinks)
+
     def query_checkpoint(self, sink: Sink) -> str:
         """`<checkpoint>/<sink name>`; local paths made absolute, URIs (hdfs://...) kept."""
         root = str(self.checkpoint)

@@ -5,7 +5,8 @@ SaslServerAuthenticator does: an unknown mechanism is UNSUPPORTED_SASL_MECHANISM
 the enabled list, a failed login SASL_AUTHENTICATION_FAILED with Kafka's message, both
 answered after `connection.failed.authentication.delay.ms` and followed by the close
 (broker/connection.py). On a connection that is not in the matching state - a PLAINTEXT
-or SSL listener, or a SASL one already authenticated - both answer ILLEGAL_SASL_STATE.
+or SSL listener, or a SASL one already authenticated and without re-authentication
+(KIP-368, `connections.max.reauth.ms`) - both answer ILLEGAL_SASL_STATE.
 No token or password is ever logged.
 """
 
@@ -31,7 +32,7 @@ async def _failure_delay(ctx: RequestContext) -> None:
 async def sasl_handshake(ctx: RequestContext, body) -> dict:
     session = ctx.session
     sasl = None if session is None else session.sasl
-    if sasl is None or sasl.state != SaslState.HANDSHAKE_OR_VERSIONS:
+    if sasl is None or not sasl.expects_handshake():
         return {"error_code": ErrorCode.illegal_sasl_state, "mechanisms": []}
     mechanisms = list(sasl.mechanisms)
     if not sasl.handshake(body.mechanism):
@@ -61,5 +62,6 @@ async def sasl_authenticate(ctx: RequestContext, body) -> dict:
         session.principal = sasl.principal or session.principal
         log.info("SASL %s authentication of %s from %s", sasl.mechanism, session.principal,
                  session.host)
+    # KIP-368: with connections.max.reauth.ms the client re-authenticates before this ends.
     return {"error_code": ErrorCode.none, "error_message": None, "auth_bytes": token,
-            "session_lifetime": 0}
+            "session_lifetime": sasl.session_lifetime_ms()}
