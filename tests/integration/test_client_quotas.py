@@ -119,3 +119,28 @@ def test_describe_rejects_bad_filters(broker, components, code, message):
     with RawClient(broker.bootstrap_servers) as client:
         got_code, text = describe(client, *components)
         assert got_code == code and message in text
+
+
+def test_cli_alters_and_describes_like_kafka_configs(broker):
+    from typer.testing import CliRunner
+
+    from onceflow.cli.app import app
+
+    runner = CliRunner()
+    bootstrap = ["--bootstrap-servers", broker.bootstrap_servers]
+    done = runner.invoke(app, ["quotas", "alter", "--user", "cli-user", "--client-default",
+                               "--add-config", "producer_byte_rate=1048576,request_percentage=50",
+                               *bootstrap])
+    assert done.exit_code == 0, done.output
+    shown = runner.invoke(app, ["quotas", "describe", "--user", "cli-user", *bootstrap],
+                          terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "user=cli-user" in shown.output and "client-id=<default>" in shown.output
+    assert "1048576" in shown.output and "request_percentage" in shown.output
+    with RawClient(broker.bootstrap_servers) as client:
+        assert describe(client, ("user", EXACT, "cli-user"), ("client-id", DEFAULT, None)) == {
+            (("client-id", None), ("user", "cli-user")): {"producer_byte_rate": 1048576.0,
+                                                          "request_percentage": 50.0}}
+    bad = runner.invoke(app, ["quotas", "alter", "--user", "cli-user", "--add-config",
+                              "bogus=1", *bootstrap])
+    assert bad.exit_code == 1 and "Invalid configuration key bogus" in bad.output

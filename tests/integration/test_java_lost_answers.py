@@ -67,8 +67,9 @@ def test_java_idempotent_producer_with_five_in_flight_through_lost_answers(oncef
         for drop in range(1, DROPS + 1):
             # One lost answer at a time: the next only once the client retried the last.
             rule = broker.faults.drop_responses("produce", count=1)
-            wait_for(lambda: fired(broker, rule) == 1, f"drop {drop} to fire")
-            wait_for(lambda: duplicates(broker, topic) >= drop, f"the retry after drop {drop}")
+            wait_for(lambda rule=rule: fired(broker, rule) == 1, f"drop {drop} to fire")
+            wait_for(lambda drop=drop: duplicates(broker, topic) >= drop,
+                     f"the retry after drop {drop}")
         out, err = java.communicate("stop\n", timeout=WAIT_S)
     finally:
         broker.faults.clear()
