@@ -144,3 +144,14 @@ def test_cli_alters_and_describes_like_kafka_configs(broker):
     bad = runner.invoke(app, ["quotas", "alter", "--user", "cli-user", "--add-config",
                               "bogus=1", *bootstrap])
     assert bad.exit_code == 1 and "Invalid configuration key bogus" in bad.output
+
+
+def test_java_admin_client_alters_and_describes(broker):
+    from tests.java_support import run_java
+
+    user = "java-user"
+    [result] = run_java("ClientQuotas", broker.bootstrap_servers, user)
+    assert result["user"] == {f"user={user}": {"producer_byte_rate": 1048576.0}}
+    assert result["clients"]["client-id=<default>"] == {"consumer_byte_rate": 2048.0}
+    assert "cli-user" not in str(result["user"])
+    assert result["bad_key_error"].startswith("InvalidRequestException: Invalid configuration key")
