@@ -155,3 +155,26 @@ def test_java_admin_client_alters_and_describes(broker):
     assert result["clients"]["client-id=<default>"] == {"consumer_byte_rate": 2048.0}
     assert "cli-user" not in str(result["user"])
     assert result["bad_key_error"].startswith("InvalidRequestException: Invalid configuration key")
+
+
+def test_quota_apis_need_cluster_describe_and_alter_configs(onceflow_secure_broker):
+    """A user without Cluster DescribeConfigs/AlterConfigs is refused; a super user is not."""
+    from onceflow.client.wire import Connection
+    from onceflow.protocol.apis import ApiKey
+
+    secure = onceflow_secure_broker
+    host, port = secure.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    alteration = {"validate_only": False, "entries": [
+        {"entity": [{"entity_type": "user", "entity_name": "x"}],
+         "ops": [{"key": "producer_byte_rate", "value": 10.0, "remove": False}]}]}
+    answers = {}
+    for principal in ("app", "admin"):
+        properties = {k: v for k, v in secure.client_config(principal).items()
+                      if k != "bootstrap.servers"}
+        with Connection(host, int(port), properties=properties) as connection:
+            altered = connection.call(ApiKey.ALTER_CLIENT_QUOTAS, (0, 1), **alteration)
+            described = connection.call(ApiKey.DESCRIBE_CLIENT_QUOTAS, (0, 1),
+                                        components=[], strict=False)
+            answers[principal] = (altered.entries[0].error_code, described.error_code)
+    assert answers == {"app": (E.cluster_authorization_failed, E.cluster_authorization_failed),
+                       "admin": (E.none, E.none)}
