@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import BrokerConfig
-from onceflow.broker.faults import FaultInjector
+from onceflow.broker.faults import LOST_ANSWER, FaultInjector
 from onceflow.broker.handlers import HANDLERS, load_all
 from onceflow.broker.pipeline import Peer, RequestPipeline, decode, encode
 from onceflow.broker.state import BrokerState
@@ -93,4 +93,4 @@ def test_start_lets_fault_injection_take_the_answer(pipeline) -> None:
     faults.drop_responses("api_versions", count=1)
     dropped = asyncio.run(pipe.start(api_versions_frame(), Peer(0), lambda reason: None))
     answered = asyncio.run(pipe.start(api_versions_frame(), Peer(0), lambda reason: None))
-    assert dropped is None and answered
+    assert dropped is LOST_ANSWER and answered

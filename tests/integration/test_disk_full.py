@@ -141,7 +141,8 @@ def test_find_coordinator_on_a_full_disk_answers_and_keeps_the_connection(small_
 
     from tests.kafka_raw import RawClient
 
-    with Broker(small_disk / "data", offsets_topic_num_partitions=1) as broker:
+    with Broker(small_disk / "data", offsets_topic_num_partitions=1,
+                internal_topics_at_start=False) as broker:
         filler = small_disk / "filler"
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
         with contextlib.suppress(OSError):   # until ENOSPC

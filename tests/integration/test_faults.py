@@ -92,10 +92,19 @@ def test_drop_responses_performs_the_request_but_never_answers(broker, client, t
         "transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [
             {"name": topic, "partition_data": [{"index": 0, "records": producer.batch(0)}]}]}))
     assert not answered_within(client, NO_ANSWER_S)
-    # The connection still works; the next request is answered (in order, the lost one
-    # skipped), and the dropped produce was appended: its retry is a duplicate.
-    assert log_end_offset(client, topic) == 2
-    assert producer.produce(0).base_offset == 0
+    # The connection is dead, as after a real loss: a later request is not answered either
+    # (Kafka never answers out of order), and is not performed.
+    client.send_frame(client.encode(0, 9, {
+        "transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": producer.batch(2)}]}]}))
+    assert not answered_within(client, NO_ANSWER_S)
+    # The client gives up and reconnects: the dropped produce was appended (its retry is
+    # a duplicate), the one sent after the stall was not.
+    with RawClient(broker.bootstrap_servers) as again:
+        assert log_end_offset(again, topic) == 2
+        producer.client = again
+        assert producer.produce(0).base_offset == 0
+        assert producer.produce(2).base_offset == 2
     assert [r["fired"] for r in broker.faults.rules() if r["id"] == rule] == [1]
     assert sample(broker, "onceflow_faults_injected_total", kind="drop_responses",
                   request="Produce") >= 1

@@ -59,6 +59,10 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = 50               # offsets.topic.num.partitions
     offsets_topic_segment_bytes: int = 104_857_600       # offsets.topic.segment.bytes
     group_initial_rebalance_delay_ms: int = 3_000        # group.initial.rebalance.delay.ms
+    # onceflow's own (issue 15): create __consumer_offsets and __transaction_state in the
+    # background right after start, so the first group or transaction does not wait for
+    # their partitions; False creates them on first use (FindCoordinator), as Kafka does.
+    internal_topics_at_start: bool = True
     group_min_session_timeout_ms: int = 6_000            # group.min.session.timeout.ms
     group_max_session_timeout_ms: int = 1_800_000        # group.max.session.timeout.ms
     offsets_retention_ms: int = 7 * 24 * 3_600_000       # offsets.retention.minutes

@@ -14,7 +14,9 @@ the connection stops reading until one is answered.
 A peer that breaks the protocol (bad frame size, undecodable request, unknown API or
 version other than ApiVersions) has its connection closed; other connections carry on.
 A handler that raises is a bug of ours: it is logged with its traceback, counted, and
-that connection is closed.
+that connection is closed. A request whose answer fault injection loses (`LOST_ANSWER`,
+broker/faults.py) stalls its connection: no answer is written any more, and later
+frames are read (so the client's close is seen) but discarded unperformed.
 
 `Connections` is what the connections of one broker share - the pipeline, the frame
 pool, the fault injector's `refuses` hook - and the set of open ones, which fault
@@ -30,6 +32,7 @@ from collections.abc import Callable
 
 from onceflow.broker.access import Access, Session
 from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX
+from onceflow.broker.faults import LOST_ANSWER
 from onceflow.broker.pipeline import Answer, Peer, RequestPipeline
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import BufferPool, FrameReader
@@ -37,6 +40,10 @@ from onceflow.security.listeners import Listener
 from onceflow.security.sasl import SaslState, SaslStateError
 
 log = logging.getLogger("onceflow.broker")
+
+# A stalled connection (a lost answer) that its client never closes is closed after
+# Kafka's default connections.max.idle.ms: it has been idle for that long.
+STALLED_CLOSE_S = 600.0
 
 
 class Connections:
@@ -86,6 +93,7 @@ class Connection(asyncio.BufferedProtocol):
         self._closed = False
         self._closing: str | None = None  # close once the admitted requests are answered
         self._login_deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None  # set once an answer was lost
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -118,6 +126,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._login_deadline is not None:
             self._login_deadline.cancel()
+        if self._stalled is not None:
+            self._stalled.cancel()
         self._closed = True
         self._shared.open.discard(self)
         self._can_write.set()
@@ -139,6 +149,9 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._frames.buffer_updated(nbytes)
             while (frame := self._frames.next_frame()) is not None:
+                if self._stalled is not None:   # the path is broken: nothing arrives
+                    self._shared.frame_pool.give(frame)
+                    continue
                 self._start(frame)
                 if self._closed or self._closing is not None:
                     return
@@ -163,6 +176,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _enqueue(self, future: asyncio.Future[Answer | bytes], frame: bytes | memoryview) -> None:
         self._pending.append((future, frame))
+        if self._stalled is not None:
+            return  # performed, but its answer cannot be written
         if len(self._pending) >= CONNECTION_REQUESTS_IN_FLIGHT_MAX and not self._reading_paused:
             self._reading_paused = True
             assert self._transport is not None
@@ -184,6 +199,9 @@ class Connection(asyncio.BufferedProtocol):
             # The handler is done with the request: its frame may serve another one
             # (the pool checks that no view of it is left).
             self._shared.frame_pool.give(self._pending.popleft()[1])
+            if payload is LOST_ANSWER:
+                self._stall()
+                return
             # The client may have gone while the handler ran (its answer was already done,
             # so connection_lost could not cancel it): a closed uvloop transport raises on
             # write, and nobody is left to read the answer anyway.
@@ -211,6 +229,17 @@ class Connection(asyncio.BufferedProtocol):
                 self._reading_paused = False
                 if self._transport is not None and not self._closed:
                     self._transport.resume_reading()
+
+    def _stall(self) -> None:
+        """An answer was lost (fault injection): write nothing more on this connection,
+        read on only to discard (module docstring of broker/faults.py)."""
+        log.info("connection to node %d stalled: fault injection lost an answer",
+                 self.node_id)
+        self._stalled = asyncio.get_running_loop().call_later(
+            STALLED_CLOSE_S, self._drop, "stalled connection idle too long")
+        if self._reading_paused and self._transport is not None and not self._closed:
+            self._reading_paused = False
+            self._transport.resume_reading()
 
     def _close_when_answered(self, reason: str) -> None:
         """Answer what was admitted before the offending request, then close (Kafka

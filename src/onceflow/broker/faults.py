@@ -23,13 +23,26 @@ node's connections, which is all it acts on. `intercept` returns the handler's c
 rule matches (with no rule at all, one truthiness test); otherwise a coroutine that
 does what the rule says:
 
-- drop: perform the request, send no response (the client times out and retries);
+- drop: perform the request, and lose its answer the way a network loses one: the
+  connection goes dead at that moment (`LOST_ANSWER`, see below);
 - delay: perform it, hold the response `ms` milliseconds (later responses on that
   connection wait too: Kafka answers in request order);
 - fail: do not perform it, answer `error_code` (Produce: every partition; APIs in
   `FAILABLE_APIS` only, since each answer has its own shape);
 - close: close the connection instead of performing it, or just after performing
   it (`perform=True`, the other way an ACK gets lost).
+
+A lost answer stalls its connection, because a real broker cannot skip one answer and
+send the next (Kafka answers in request order, and clients such as the Java producer
+match answers to requests by that order). What really loses an answer is a connection
+whose path broke after the request arrived: from then on nothing crosses it in either
+direction, and TCP keeps retransmitting until the client's request timeout
+(request.timeout.ms, librdkafka's socket.timeout.ms) makes it close the connection and
+reconnect. So the dropped request's work returns `LOST_ANSWER`, and the connection
+(broker/connection.py) then writes nothing more; requests it had already read are
+performed (their answers are lost too), and what arrives later is read and discarded,
+never performed - which also lets the broker notice when the client closes. A stalled
+connection the client never closes is closed after Kafka's connections.max.idle.ms.
 
 Rules are added and removed from any thread (tests call them while the broker runs
 on its own loop thread): the rule list is guarded by a lock. Node changes run on the
@@ -68,7 +81,8 @@ if TYPE_CHECKING:
     from onceflow.broker.cluster import Cluster
     from onceflow.broker.metrics import BrokerMetrics
 
-__all__ = ["FAILABLE_APIS", "FaultInjector", "FaultKind", "parse_api", "parse_error_code"]
+__all__ = ["FAILABLE_APIS", "LOST_ANSWER", "FaultInjector", "FaultKind", "LostAnswer",
+           "parse_api", "parse_error_code"]
 
 # A delayed response holds its connection's later responses too; past five minutes no
 # client is still waiting, so a longer delay is a typo.
@@ -86,6 +100,19 @@ CRASH_POINTS = frozenset({"prepare_commit"})
 CRASH_EXIT_CODE = 99
 
 log = logging.getLogger("onceflow.faults")
+
+
+class LostAnswer:
+    """The type of `LOST_ANSWER`: what the work of a request whose answer is lost returns
+    instead of the answer. The connection stalls on it (module docstring)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LOST_ANSWER"
+
+
+LOST_ANSWER = LostAnswer()
 
 
 class FaultKind(str, enum.Enum):
@@ -237,7 +264,7 @@ def error_payload(request: Request, code: int, metrics: BrokerMetrics | None) ->
 
 # --- what a fired rule does to one request ---------------------------------------------------
 
-Work = Coroutine[Any, Any, "bytes | None"]
+Work = Coroutine[Any, Any, "Any"]
 Close = Callable[[str], None]
 
 
@@ -245,9 +272,9 @@ async def _ready(payload: bytes | None) -> bytes | None:
     return payload
 
 
-async def _dropped(work: Work) -> None:
-    await work  # performed; the answer is lost
-    return None
+async def _dropped(work: Work) -> LostAnswer:
+    await work  # performed; the answer is lost, and the connection with it
+    return LOST_ANSWER
 
 
 async def _delayed(work: Work, delay_ms: int) -> bytes | None:
@@ -263,7 +290,7 @@ async def _performed_then_closed(work: Work, close: Close) -> None:
 
 
 def _act(rule: FaultRule, request: Request, work: Work, close: Close,
-         metrics: BrokerMetrics | None) -> Awaitable[bytes | None]:
+         metrics: BrokerMetrics | None) -> Awaitable[Any]:
     if rule.kind is FaultKind.DROP_RESPONSES:
         return _dropped(work)
     if rule.kind is FaultKind.DELAY_RESPONSES:
@@ -311,7 +338,8 @@ class FaultInjector:
 
     def drop_responses(self, api: str | int | None = "produce", count: int | None = 1, *,
                        node_id: int | None = None) -> int:
-        """Perform the next `count` matching requests but never answer them. Returns the
+        """Perform the next `count` matching requests but lose their answers: each one's
+        connection stalls until the client closes it (module docstring). Returns the
         rule id."""
         return self._add(FaultKind.DROP_RESPONSES, api, count, node_id)
 
@@ -490,7 +518,7 @@ class FaultInjector:
     # -- hooks called by the connections and the request pipeline, on the loop thread ---
 
     def intercept(self, request: Request, node_id: int, work: Work,
-                  close: Close) -> Awaitable[bytes | None]:
+                  close: Close) -> Awaitable[Any]:
         """The coroutine the connection runs for `request`: `work` itself unless a rule
         fires for it."""
         if not self._rules:  # the common case, without taking the lock

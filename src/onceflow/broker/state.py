@@ -38,6 +38,7 @@ from pathlib import Path
 from onceflow.broker.cluster import Cluster
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.metrics import BrokerMetrics
+from onceflow.broker.quotas import QUOTAS_FILE, ClientQuotas
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
 from onceflow.storage.group_commit import GroupCommitter
 from onceflow.storage.layout import StorageError
@@ -174,6 +175,8 @@ class BrokerState:
         self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
                                                 fsync=config.fsync)
         self.metrics = BrokerMetrics()
+        # Client quota values (issue 15): persisted, enforced nowhere yet (docs/quotas.md).
+        self.quotas = ClientQuotas.load(Path(config.data_dir) / QUOTAS_FILE)
         self._partitions: dict[tuple[str, int], PartitionState] = {}
         # Open (and so recover) every partition now, as Kafka loads its logs at
         # startup, rather than on first use.

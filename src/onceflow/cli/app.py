@@ -18,6 +18,7 @@ from onceflow.cli import (
     groups,
     outbox,
     pipeline,
+    quotas,
     security,
     stats,
     topics,
@@ -45,6 +46,7 @@ app.add_typer(txn.txn_app)
 app.add_typer(txn.producers_app)
 app.add_typer(security.acl_app)
 app.add_typer(security.user_app)
+app.add_typer(quotas.quotas_app)
 
 
 def main() -> None:

@@ -85,6 +85,7 @@ _MODULES = (
     "sasl",          # issue 13: SaslHandshake, SaslAuthenticate
     "users",         # issue 13: Describe/AlterUserScramCredentials
     "acls",          # issue 13: CreateAcls, DescribeAcls, DeleteAcls
+    "client_quotas",  # issue 15: Describe/AlterClientQuotas
 )
 
 

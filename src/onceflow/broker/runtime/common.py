@@ -6,8 +6,9 @@ Both coordinators (onceflow.groups, onceflow.txn) are sans-IO state machines tha
 their state in a compacted internal topic (`__consumer_offsets`, `__transaction_state`).
 Driving one takes the same machinery, which lives here once:
 
-* The topic: created on first use (`ensure_topic`, from a FindCoordinator), as Kafka does,
-  so brokers that never see a group or a transaction pay nothing; or, when it exists at
+* The topic: created in the background a second after start (issue 15: the first group
+  should not wait for 50 partitions' files), or with `internal_topics_at_start=False` on
+  first use (`ensure_topic`, from a FindCoordinator) as Kafka does; or, when it exists at
   startup, every partition is marked loading (requests get COORDINATOR_LOAD_IN_PROGRESS)
   and a background task reads each one on a worker thread and hands its entries to
   `load_partition` on the loop.
@@ -58,6 +59,11 @@ SEGMENT_BYTES_CONFIG_MIN = 1024 * 1024
 # A loop timer may fire a little before the wall clock reaches the deadline (the two
 # clocks differ); re-arming this much later avoids a burst of empty ticks.
 TIMER_SLACK_MS = 1
+
+# How long after start the internal topics are created when nothing asked for them yet:
+# a broker stopped sooner (a short test) never pays for 2 x 50 partitions' files, and
+# the broker's own start is not slowed by them.
+INTERNAL_TOPICS_DELAY_S = 1.0
 
 
 def internal_topic_configs(segment_bytes: int) -> dict[str, str]:
@@ -138,6 +144,18 @@ class CoordinatorRuntime:
             for partition in range(info.num_partitions):
                 self.coordinator.begin_loading(partition)
             self.spawn(self._load_all(info.num_partitions))
+        elif self.broker_config.internal_topics_at_start:
+            self.spawn(self._create_in_background())
+
+    async def _create_in_background(self) -> None:
+        """Create the topic soon after start (BrokerConfig.internal_topics_at_start), so
+        the first FindCoordinator finds it ready. A failure (a full disk) is left to the
+        first FindCoordinator, which tries again and answers COORDINATOR_NOT_AVAILABLE."""
+        await asyncio.sleep(INTERNAL_TOPICS_DELAY_S)
+        try:
+            await self.ensure_topic()
+        except OSError as exc:
+            self.log.warning("could not create %s at start: %s", self.topic_name, exc)
 
     def close(self) -> None:
         """Stop timers and background work. Appends already written are flushed by the

@@ -23,8 +23,9 @@ contract, played here exactly as tests/groups/harness.py plays it:
 
 Startup: if `__consumer_offsets` exists, every partition is marked loading (group
 requests get COORDINATOR_LOAD_IN_PROGRESS) and a task reads each partition on a worker
-thread and replays it (`load_partition`). Otherwise the topic is created on the first
-FindCoordinator for a group, as Kafka does, so brokers that never see a group pay nothing.
+thread and replays it (`load_partition`). Otherwise the topic is created in the
+background right after start (or, with `internal_topics_at_start=False`, on the first
+FindCoordinator for a group, as Kafka does).
 
 Routing: the coordinator holds every partition of the topic (one process presents all
 nodes), but a group request is answered only by the node that leads the group's partition;

@@ -1,0 +1,228 @@
+"""Client quotas (KIP-13, KIP-55, KIP-546): the quota values set per entity, kept durably.
+
+Theory of operation. An entity is a set of (type, name) pairs: `user`, `client-id` or
+both, or `ip` alone; a name of None is the type's default (`<default>` in Kafka's tools).
+`ClientQuotas` holds entity -> {key: value}. `alter` validates a request's entries as
+Kafka's ClientQuotaControlManager does (entity types, combinations, keys and values; a
+bad entry fails alone with INVALID_REQUEST), prepares the new state as a value, writes it
+to one checked file (storage.layout's write_checked_file: temp file, fsync, rename) and
+only then applies it, so a crash leaves the old or the new state. `describe` filters as
+Kafka's ClientQuotasImage does (exact name, default, or any name of a type; `strict`
+asks for entities with no other types). Enforcement (throttling) is not built yet:
+docs/quotas.md.
+
+File layout: magic "OFCQ" | version u16 | length u32 | crc32c u32 | body (UTF-8 JSON, a
+list of {"entity": {type: name|null}, "values": {key: value}}).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from kio.schema.errors import ErrorCode
+
+from onceflow.storage.layout import read_checked_file, write_checked_file
+
+__all__ = ["QUOTAS_FILE", "ClientQuotas", "Entity", "QuotaError"]
+
+QUOTAS_FILE = "client-quotas.state"
+FILE_MAGIC = b"OFCQ"
+FILE_VERSION = 1
+
+USER, CLIENT_ID, IP = "user", "client-id", "ip"
+ENTITY_TYPES = (USER, CLIENT_ID, IP)
+MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
+# Keys and whether their values are whole numbers (Kafka's QuotaConfig: LONG vs DOUBLE).
+USER_CLIENT_KEYS = {"producer_byte_rate": True, "consumer_byte_rate": True,
+                    "request_percentage": False, "controller_mutation_rate": False}
+IP_KEYS = {"connection_creation_rate": True}
+LONG_MAX = 2.0 ** 63 - 1
+INT_MAX = 2 ** 31 - 1
+# Entities kept: each is an admin's decision, so a thousand times more than any real
+# deployment is a bound that only stops a runaway script.
+ENTITIES_MAX = 100_000
+
+# An entity: sorted ((type, name or None for the default), ...).
+Entity = tuple[tuple[str, str | None], ...]
+
+
+class QuotaError(Exception):
+    """A request Kafka answers with an error code (INVALID_REQUEST, UNSUPPORTED_VERSION)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def check_entity(pairs: Iterable[tuple[str, str | None]]) -> Entity:
+    """The entity of an AlterClientQuotas entry, validated; QuotaError otherwise."""
+    seen: dict[str, str | None] = {}
+    for entity_type, name in pairs:
+        if entity_type in seen:
+            raise QuotaError(ErrorCode.invalid_request,
+                             f"Invalid client quota entity, duplicate entity entry {entity_type}")
+        if entity_type not in ENTITY_TYPES:
+            raise QuotaError(ErrorCode.invalid_request,
+                             f"Unhandled client quota entity type: {entity_type}")
+        if name is not None and not name:
+            raise QuotaError(ErrorCode.invalid_request, f"Empty {entity_type} not supported")
+        seen[entity_type] = name
+    if not seen:
+        raise QuotaError(ErrorCode.invalid_request, "Invalid empty client quota entity")
+    if IP in seen and len(seen) > 1:
+        raise QuotaError(ErrorCode.invalid_request, "Invalid quota entity combination, IP "
+                         "entity should not be combined with User or ClientId")
+    if IP in seen and seen[IP] is not None and not _is_ip(seen[IP]):
+        raise QuotaError(ErrorCode.invalid_request,
+                         f"{seen[IP]} is not a valid IP or resolvable host.")
+    return tuple(sorted(seen.items()))
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def check_value(entity: Entity, key: str, value: float) -> None:
+    keys = IP_KEYS if entity[0][0] == IP else USER_CLIENT_KEYS
+    if key not in keys:
+        raise QuotaError(ErrorCode.invalid_request, f"Invalid configuration key {key}")
+    if not value > 0.0:  # also NaN
+        raise QuotaError(ErrorCode.invalid_request, f"Quota {key} must be greater than 0")
+    if keys[key]:
+        limit = INT_MAX if key == "connection_creation_rate" else LONG_MAX
+        if value > limit or math.isinf(value):
+            kind = "an INT" if limit == INT_MAX else "a LONG"
+            raise QuotaError(ErrorCode.invalid_request,
+                             f"Proposed value for {key} is too large for {kind}.")
+        if abs(math.fmod(value, 1.0)) > 1e-6:
+            raise QuotaError(ErrorCode.invalid_request, f"{key} cannot be a fractional value.")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Filter:
+    exact: Mapping[str, str | None]  # type -> name (None: the default)
+    specified: frozenset[str]        # types that must be present, any name
+    strict: bool
+
+    def matches(self, entity: Entity) -> bool:
+        names = dict(entity)
+        if self.strict and len(names) != len(self.exact) + len(self.specified):
+            return False
+        return (all(t in names and names[t] == n for t, n in self.exact.items())
+                and all(t in names for t in self.specified))
+
+
+def check_filter(components: Iterable[tuple[str, int, str | None]], strict: bool) -> Filter:
+    """A DescribeClientQuotas filter, validated as Kafka's ClientQuotasImage.describe."""
+    exact: dict[str, str | None] = {}
+    specified: set[str] = set()
+    for entity_type, match_type, match in components:
+        if not entity_type:
+            raise QuotaError(ErrorCode.invalid_request, "Invalid empty entity type.")
+        if entity_type in exact or entity_type in specified:
+            raise QuotaError(ErrorCode.invalid_request, f"Entity type {entity_type} cannot "
+                             "appear more than once in the filter.")
+        if entity_type not in ENTITY_TYPES:
+            raise QuotaError(ErrorCode.unsupported_version,
+                             f"Unsupported entity type {entity_type}")
+        if match_type == MATCH_EXACT:
+            if match is None:
+                raise QuotaError(ErrorCode.invalid_request, "Request specified "
+                                 "MATCH_TYPE_EXACT, but set match string to null.")
+            exact[entity_type] = match
+        elif match_type in (MATCH_DEFAULT, MATCH_SPECIFIED):
+            if match is not None:
+                name = "MATCH_TYPE_DEFAULT" if match_type == MATCH_DEFAULT else \
+                    "MATCH_TYPE_SPECIFIED"
+                raise QuotaError(ErrorCode.invalid_request,
+                                 f"Request specified {name}, but also specified a match string.")
+            if match_type == MATCH_DEFAULT:
+                exact[entity_type] = None
+            else:
+                specified.add(entity_type)
+        else:
+            raise QuotaError(ErrorCode.invalid_request, f"Unknown match type {match_type}")
+    types = set(exact) | specified
+    if IP in types and types & {USER, CLIENT_ID}:
+        raise QuotaError(ErrorCode.invalid_request, "Invalid entity filter component "
+                         "combination. IP filter component should not be used with user "
+                         "or clientId filter component.")
+    return Filter(exact, frozenset(specified), strict)
+
+
+# One alteration: (key, value) with None for a removal.
+Ops = list[tuple[str, float | None]]
+
+
+class ClientQuotas:
+    """The quota values of one broker, persisted in `path` (module docstring). Thread-safe."""
+
+    def __init__(self, path: Path, values: dict[Entity, dict[str, float]]) -> None:
+        self._path = path
+        self._values = values
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path) -> ClientQuotas:
+        """The quotas in `path` (none if it does not exist); CorruptFileError if damaged."""
+        try:
+            _version, body = read_checked_file(path, FILE_MAGIC, (FILE_VERSION,))
+        except FileNotFoundError:
+            return cls(path, {})
+        values = {tuple(sorted((t, n) for t, n in row["entity"].items())): dict(row["values"])
+                  for row in json.loads(body)}
+        return cls(path, values)
+
+    def describe(self, quota_filter: Filter) -> list[tuple[Entity, dict[str, float]]]:
+        with self._lock:
+            return [(e, dict(v)) for e, v in sorted(self._values.items(), key=_sort_key)
+                    if quota_filter.matches(e)]
+
+    def values(self) -> dict[Entity, dict[str, float]]:
+        with self._lock:
+            return {e: dict(v) for e, v in self._values.items()}
+
+    def prepare(self, entity: Entity, ops: Ops,
+                base: dict[Entity, dict[str, float]]) -> dict[Entity, dict[str, float]]:
+        """`base` with one entry's ops applied (a new value; `base` is not changed).
+        QuotaError if an op is invalid: then nothing of this entry applies."""
+        for key, value in ops:
+            if value is not None:
+                check_value(entity, key, value)
+        current = dict(base.get(entity, {}))
+        for key, value in ops:
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        new = dict(base)
+        if current:
+            new[entity] = current
+        else:
+            new.pop(entity, None)
+        if len(new) > ENTITIES_MAX:
+            raise QuotaError(ErrorCode.invalid_request,
+                             f"Too many client quota entities (at most {ENTITIES_MAX})")
+        return new
+
+    def commit(self, values: dict[Entity, dict[str, float]], fsync: bool = True) -> None:
+        """Persist `values` (from `prepare`), then make them the broker's."""
+        body = json.dumps([{"entity": dict(e), "values": v}
+                           for e, v in sorted(values.items(), key=_sort_key)]).encode()
+        with self._lock:
+            write_checked_file(self._path, FILE_MAGIC, FILE_VERSION, body, fsync)
+            self._values = values
+
+
+def _sort_key(item: tuple[Entity, dict[str, float]]) -> list[tuple[str, str]]:
+    return [(t, "" if n is None else "\0" + n) for t, n in item[0]]
