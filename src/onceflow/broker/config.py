@@ -82,6 +82,9 @@ class BrokerConfig:
     # to use transactions V2 (KIP-890 part 2). The broker speaks V2 to any client that
     # sends its requests either way; see docs/transactions.md.
     transaction_version: int = 1
+    # Client quotas (issue 15): the rate window, Kafka's names and defaults.
+    quota_window_num: int = 11                           # quota.window.num
+    quota_window_size_seconds: int = 1                   # quota.window.size.seconds
     # Consumer groups of the consumer group protocol (issue 16, KIP-848), Kafka's names:
     consumer_group_session_timeout_ms: int = 45_000      # group.consumer.session.timeout.ms
     consumer_group_heartbeat_interval_ms: int = 5_000    # group.consumer.heartbeat.interval.ms

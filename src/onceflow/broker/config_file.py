@@ -99,6 +99,8 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "message.max.bytes": ("message_max_bytes", _int(0)),
     "socket.request.max.bytes": ("frame_bytes_max", _int(1)),
     "log.retention.check.interval.ms": ("retention_check_interval_ms", _int(1)),
+    "quota.window.num": ("quota_window_num", _int(1)),
+    "quota.window.size.seconds": ("quota_window_size_seconds", _int(1)),
     "log.cleaner.enable": ("log_cleaner_enable", _bool),
     "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", _int(1)),
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _int(1024)),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
 
 from onceflow.broker.access import Access, Session
@@ -94,6 +95,7 @@ class Connection(asyncio.BufferedProtocol):
         self._closing: str | None = None  # close once the admitted requests are answered
         self._login_deadline: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # set once an answer was lost
+        self._muted: asyncio.TimerHandle | None = None   # a throttled client's quiet time
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -128,6 +130,8 @@ class Connection(asyncio.BufferedProtocol):
             self._login_deadline.cancel()
         if self._stalled is not None:
             self._stalled.cancel()
+        if self._muted is not None:
+            self._muted.cancel()
         self._closed = True
         self._shared.open.discard(self)
         self._can_write.set()
@@ -211,6 +215,8 @@ class Connection(asyncio.BufferedProtocol):
                 else:
                     self._transport.write(payload)
                 await self._can_write.wait()
+            if self._peer.muted_until:
+                self._mute()
             if self._login_failed():
                 # Kafka closes after the SASL_AUTHENTICATION_FAILED (or
                 # UNSUPPORTED_SASL_MECHANISM) answer; close() flushes it first.
@@ -225,10 +231,35 @@ class Connection(asyncio.BufferedProtocol):
                     self._closed = True
                     self._transport.close()   # flushes the answers written above
                 continue
-            if self._reading_paused and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX:
+            if (self._reading_paused and self._muted is None
+                    and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX):
                 self._reading_paused = False
                 if self._transport is not None and not self._closed:
                     self._transport.resume_reading()
+
+    def _mute(self) -> None:
+        """A client over its quota: read nothing more until its throttle time has passed
+        (the answer that says so is written; KIP-219)."""
+        until, self._peer.muted_until = self._peer.muted_until, 0.0
+        delay = until - time.monotonic()
+        if delay <= 0 or self._closed or self._transport is None:
+            return
+        if self._muted is not None:
+            if self._muted.when() >= asyncio.get_running_loop().time() + delay:
+                return
+            self._muted.cancel()
+        if not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+        self._muted = asyncio.get_running_loop().call_later(delay, self._unmute)
+
+    def _unmute(self) -> None:
+        self._muted = None
+        if (self._reading_paused and not self._closed and self._transport is not None
+                and self._closing is None and self._stalled is None
+                and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX):
+            self._reading_paused = False
+            self._transport.resume_reading()
 
     def _stall(self) -> None:
         """An answer was lost (fault injection): write nothing more on this connection,

@@ -94,6 +94,12 @@ class BrokerMetrics:
             registry=self.registry)
         self._faults = Counter("onceflow_faults_injected", "Faults injected, by kind and request.",
                                ["kind", "request"], registry=self.registry)
+        self._throttled = Counter(
+            "onceflow_quota_throttled", "Answers throttled by a client byte-rate quota, by quota "
+            "(producer_byte_rate, consumer_byte_rate).", ["quota"], registry=self.registry)
+        self._throttle_ms = Counter(
+            "onceflow_quota_throttle_ms", "Throttle time given to clients, in ms, by quota "
+            "(Kafka's throttle-time sensors).", ["quota"], registry=self.registry)
         self._retention_segments = Counter(
             "onceflow_log_retention_segments_deleted", "Segments deleted by retention or "
             "DeleteRecords, by topic.", ["topic"], registry=self.registry)
@@ -144,6 +150,10 @@ class BrokerMetrics:
 
     def fault_injected(self, kind: str, api_key: int | None) -> None:
         self._child(self._faults, kind, "*" if api_key is None else request_name(api_key)).inc()
+
+    def throttled(self, quota: str, throttle_ms: int) -> None:
+        self._child(self._throttled, quota).inc()
+        self._child(self._throttle_ms, quota).inc(throttle_ms)
 
     def segments_deleted(self, topic: str, segments: int, size_bytes: int) -> None:
         self._child(self._retention_segments, topic).inc(segments)

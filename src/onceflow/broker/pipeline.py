@@ -21,6 +21,10 @@ in request order. Every stage in between lives here, each small enough to test a
   untouched unless a rule fires (with no rule, one truthiness test).
 - handler (`respond`): the API's handler (broker/handlers/) with a `RequestContext`;
   the answered request is counted in the metrics.
+- quotas (`throttle`): a Produce request's size and a consumer Fetch answer's record
+  bytes count against the client's byte-rate quota (broker/quotas.py); over it, the
+  answer carries the throttle time and the connection stops reading that long (KIP-219).
+  With no quota set, one truthiness test.
 - encode (`encode`): the response as buffers for `writelines` (records are not
   copied), or None when Kafka sends no answer (Produce with acks=0).
 
@@ -35,11 +39,13 @@ as before the stages had names; the two empty stages are plain calls.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from onceflow.broker.access import Access, Session
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, Handler, RequestContext
+from onceflow.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState
@@ -66,6 +72,10 @@ class Peer:
     node_id: int           # the node this connection reached
     client_host: str = ""  # "/<peer ip>", as Kafka reports members (issue 4)
     session: Session | None = None  # listener, principal, SASL state (issue 13)
+    muted_until: float = 0.0  # time.monotonic() until which a throttled client is not read
+
+
+ANONYMOUS_USER = "ANONYMOUS"
 
 
 def decode(frame: bytes | memoryview) -> Request | bytes:
@@ -122,9 +132,10 @@ class RequestPipeline:
             return request
         authenticate(request, peer)
         authorize(request, peer)
-        return self._faults.intercept(request, peer.node_id, self.respond(request, peer), close)
+        return self._faults.intercept(request, peer.node_id,
+                                      self.respond(request, peer, len(frame)), close)
 
-    async def respond(self, request: Request, peer: Peer) -> Answer:
+    async def respond(self, request: Request, peer: Peer, size: int = 0) -> Answer:
         """Run the request's handler; its encoded answer."""
         header = request.header
         handler = self._handlers.get(header.api_key)
@@ -135,4 +146,27 @@ class RequestPipeline:
                              peer.client_host, peer.session, self._access)
         body = await handler(ctx, request.body)
         self._metrics.observe_response(header.api_key, body)
+        if body is not None and self._state.quotas.active():
+            throttle(self._state, request, peer, body, size)
         return encode(header, body)
+
+
+def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size: int) -> None:
+    """Count the request against the client's byte-rate quota; over it, put the throttle
+    time in the answer and mute the connection that long."""
+    header = request.header
+    if header.api_key == ApiKey.PRODUCE:
+        key, value = PRODUCER_BYTE_RATE, size
+    elif header.api_key == ApiKey.FETCH and getattr(request.body, "replica_id", -1) < 0:
+        key, value = CONSUMER_BYTE_RATE, sum(len(p.get("records") or b"")
+                                             for t in body.get("responses", ())
+                                             for p in t.get("partitions", ()))
+    else:
+        return
+    principal = peer.session.principal if peer.session is not None else f"User:{ANONYMOUS_USER}"
+    user = principal.split(":", 1)[1] if ":" in principal else principal
+    throttle_ms = state.quotas.record(key, user, header.client_id or "", value)
+    if throttle_ms > 0:
+        body["throttle_time"] = throttle_ms
+        peer.muted_until = max(peer.muted_until, time.monotonic() + throttle_ms / 1000)
+        state.metrics.throttled(key, throttle_ms)

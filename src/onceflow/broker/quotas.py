@@ -8,8 +8,19 @@ bad entry fails alone with INVALID_REQUEST), prepares the new state as a value, 
 to one checked file (storage.layout's write_checked_file: temp file, fsync, rename) and
 only then applies it, so a crash leaves the old or the new state. `describe` filters as
 Kafka's ClientQuotasImage does (exact name, default, or any name of a type; `strict`
-asks for entities with no other types). Enforcement (throttling) is not built yet:
-docs/quotas.md.
+asks for entities with no other types).
+
+Enforcement (`ClientQuotas.record`) is Kafka's ClientQuotaManager for the byte-rate
+quotas: a Produce request's size counts against `producer_byte_rate`, a consumer Fetch
+answer's record bytes against `consumer_byte_rate`, per the quota that applies to the
+request's (user, client-id) - the most specific of Kafka's eight levels, from
+<user, client-id> down to <default client-id> - and per the metric tags that level
+implies (a user-level quota is shared by all of that user's clients, a default applies to
+each user or client on its own). The rate is a sliding window of `quota.window.num` (11)
+samples of `quota.window.size.seconds` (1); when a request takes it over the bound, the
+throttle time is (rate - bound) / bound * window, the answer carries it and the connection
+stops reading for that long (KIP-219), so the client's average comes down to the bound.
+`request_percentage` and `connection_creation_rate` are stored but not enforced.
 
 File layout: magic "OFCQ" | version u16 | length u32 | crc32c u32 | body (UTF-8 JSON, a
 list of {"entity": {type: name|null}, "values": {key: value}}).
@@ -22,6 +33,7 @@ import ipaddress
 import json
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -29,7 +41,15 @@ from kio.schema.errors import ErrorCode
 
 from onceflow.storage.layout import read_checked_file, write_checked_file
 
-__all__ = ["QUOTAS_FILE", "ClientQuotas", "Entity", "QuotaError"]
+__all__ = [
+    "CONSUMER_BYTE_RATE",
+    "PRODUCER_BYTE_RATE",
+    "QUOTAS_FILE",
+    "ClientQuotas",
+    "Entity",
+    "QuotaError",
+    "RateWindow",
+]
 
 QUOTAS_FILE = "client-quotas.state"
 FILE_MAGIC = b"OFCQ"
@@ -44,6 +64,13 @@ USER_CLIENT_KEYS = {"producer_byte_rate": True, "consumer_byte_rate": True,
 IP_KEYS = {"connection_creation_rate": True}
 LONG_MAX = 2.0 ** 63 - 1
 INT_MAX = 2 ** 31 - 1
+PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE = "producer_byte_rate", "consumer_byte_rate"
+# Kafka's quota.window.num and quota.window.size.seconds defaults.
+QUOTA_WINDOW_NUM = 11
+QUOTA_WINDOW_S = 1.0
+# Rate windows of clients not heard from for this long are dropped (Kafka expires inactive
+# quota sensors after an hour).
+WINDOW_IDLE_EXPIRY_S = 3600.0
 # Entities kept: each is an admin's decision, so a thousand times more than any real
 # deployment is a bound that only stops a runaway script.
 ENTITIES_MAX = 100_000
@@ -164,24 +191,119 @@ def check_filter(components: Iterable[tuple[str, int, str | None]], strict: bool
 Ops = list[tuple[str, float | None]]
 
 
+class RateWindow:
+    """Kafka's Rate over a SampledStat: `samples` buckets of `window_s` seconds; the rate is
+    the sum of the live buckets over the elapsed window, which counts at least
+    samples - 1 whole buckets (so a first burst is not divided by a few milliseconds)."""
+
+    __slots__ = ("_buckets", "last_used", "samples", "window_s")
+
+    def __init__(self, samples: int = QUOTA_WINDOW_NUM, window_s: float = QUOTA_WINDOW_S) -> None:
+        self.samples, self.window_s = samples, window_s
+        self._buckets: list[list[float]] = []   # [start_s, total], oldest first
+        self.last_used = 0.0
+
+    def record(self, value: float, now_s: float) -> None:
+        self._purge(now_s)
+        if not self._buckets or now_s >= self._buckets[-1][0] + self.window_s:
+            self._buckets.append([now_s, 0.0])
+            del self._buckets[:-self.samples]
+        self._buckets[-1][1] += value
+        self.last_used = now_s
+
+    def _purge(self, now_s: float) -> None:
+        horizon = now_s - self.samples * self.window_s
+        while self._buckets and self._buckets[0][0] + self.window_s <= horizon:
+            self._buckets.pop(0)
+
+    def window_size_s(self, now_s: float) -> float:
+        self._purge(now_s)
+        elapsed = now_s - self._buckets[0][0] if self._buckets else 0.0
+        full = int(elapsed / self.window_s)
+        if full < self.samples - 1:
+            elapsed += (self.samples - 1 - full) * self.window_s
+        return elapsed
+
+    def rate(self, now_s: float) -> float:
+        return sum(total for _start, total in self._buckets) / self.window_size_s(now_s)
+
+
 class ClientQuotas:
     """The quota values of one broker, persisted in `path` (module docstring). Thread-safe."""
 
-    def __init__(self, path: Path, values: dict[Entity, dict[str, float]]) -> None:
+    def __init__(self, path: Path, values: dict[Entity, dict[str, float]],
+                 window_num: int = QUOTA_WINDOW_NUM, window_s: float = QUOTA_WINDOW_S) -> None:
         self._path = path
         self._values = values
         self._lock = threading.Lock()
+        self._window_num, self._window_s = window_num, window_s
+        self._windows: dict[tuple[str, str, str], RateWindow] = {}
+        self._last_expiry_s = 0.0
+
+    def active(self) -> bool:
+        """Whether any quota is set (else nothing is counted)."""
+        return bool(self._values)
+
+    def record(self, key: str, user: str, client_id: str, value: float,
+               now_s: float | None = None) -> int:
+        """Count `value` (bytes) of `key`'s quota for a request of (user, client-id); the
+        throttle time in ms it earns (0 within the quota or without one)."""
+        if not self._values:
+            return 0
+        found = self.bound(key, user, client_id)
+        if found is None:
+            return 0
+        bound, tags = found
+        now_s = time.monotonic() if now_s is None else now_s
+        with self._lock:
+            window = self._windows.get((key, *tags))
+            if window is None:
+                window = self._windows[(key, *tags)] = RateWindow(self._window_num, self._window_s)
+            window.record(value, now_s)
+            rate = window.rate(now_s)
+            self._expire(now_s)
+            if rate <= bound:
+                return 0
+            return round((rate - bound) / bound * window.window_size_s(now_s) * 1000)
+
+    def _expire(self, now_s: float) -> None:
+        if now_s - self._last_expiry_s < WINDOW_IDLE_EXPIRY_S / 10:
+            return
+        self._last_expiry_s = now_s
+        for tags in [t for t, w in self._windows.items() if now_s - w.last_used > WINDOW_IDLE_EXPIRY_S]:
+            del self._windows[tags]
+
+    def bound(self, key: str, user: str, client_id: str) -> tuple[float, tuple[str, str]] | None:
+        """The `key` quota for (user, client-id) and the (user, client-id) tags its rate is
+        kept under, as Kafka's DefaultQuotaCallback resolves them; None: no quota."""
+        levels = (
+            (((CLIENT_ID, client_id), (USER, user)), (user, client_id)),
+            (((CLIENT_ID, None), (USER, user)), (user, client_id)),
+            (((USER, user),), (user, "")),
+            (((CLIENT_ID, client_id), (USER, None)), (user, client_id)),
+            (((CLIENT_ID, None), (USER, None)), (user, client_id)),
+            (((USER, None),), (user, "")),
+            (((CLIENT_ID, client_id),), ("", client_id)),
+            (((CLIENT_ID, None),), ("", client_id)),
+        )
+        values = self._values
+        for entity, tags in levels:
+            found = values.get(entity, {}).get(key)
+            if found is not None:
+                return found, tags
+        return None
 
     @classmethod
-    def load(cls, path: Path) -> ClientQuotas:
+    def load(cls, path: Path, window_num: int = QUOTA_WINDOW_NUM,
+             window_s: float = QUOTA_WINDOW_S) -> ClientQuotas:
         """The quotas in `path` (none if it does not exist); CorruptFileError if damaged."""
         try:
             _version, body = read_checked_file(path, FILE_MAGIC, (FILE_VERSION,))
         except FileNotFoundError:
-            return cls(path, {})
+            return cls(path, {}, window_num, window_s)
         values = {tuple(sorted((t, n) for t, n in row["entity"].items())): dict(row["values"])
                   for row in json.loads(body)}
-        return cls(path, values)
+        return cls(path, values, window_num, window_s)
 
     def describe(self, quota_filter: Filter) -> list[tuple[Entity, dict[str, float]]]:
         with self._lock:

@@ -175,8 +175,9 @@ class BrokerState:
         self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
                                                 fsync=config.fsync)
         self.metrics = BrokerMetrics()
-        # Client quota values (issue 15): persisted, enforced nowhere yet (docs/quotas.md).
-        self.quotas = ClientQuotas.load(Path(config.data_dir) / QUOTAS_FILE)
+        # Client quotas (issue 15): persisted; byte rates enforced (docs/quotas.md).
+        self.quotas = ClientQuotas.load(Path(config.data_dir) / QUOTAS_FILE,
+                                        config.quota_window_num, config.quota_window_size_seconds)
         self._partitions: dict[tuple[str, int], PartitionState] = {}
         # Open (and so recover) every partition now, as Kafka loads its logs at
         # startup, rather than on first use.
