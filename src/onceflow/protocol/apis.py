@@ -113,6 +113,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    # Legacy replace-all AlterConfigs (kafka-python's alter_configs, older tools).
+    ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
     # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys
