@@ -75,6 +75,7 @@ _MODULES = (
     "list_offsets",
     "topics",
     "configs",
+    "log_dirs",      # issue 15: DescribeLogDirs, ElectLeaders
     "delete_records",
     "coordinators",
     "groups",        # issue 4: JoinGroup .. DeleteGroups
