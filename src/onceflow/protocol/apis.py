@@ -76,6 +76,8 @@ class ApiKey(enum.IntEnum):
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
@@ -120,6 +122,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # v0 was removed in Kafka 4.0 (KIP-896); v4 adds the filesystem's total/usable bytes.
     ApiKey.DESCRIBE_LOG_DIRS: (1, 4),
     ApiKey.ELECT_LEADERS: (0, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
     # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys

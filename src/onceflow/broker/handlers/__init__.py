@@ -76,6 +76,7 @@ _MODULES = (
     "topics",
     "configs",
     "log_dirs",      # issue 15: DescribeLogDirs, ElectLeaders
+    "reassignments",  # issue 15: Alter/ListPartitionReassignments
     "delete_records",
     "coordinators",
     "groups",        # issue 4: JoinGroup .. DeleteGroups

@@ -110,6 +110,7 @@ def _delete_one(ctx: RequestContext, name, topic_id) -> dict:
                 "error_message": f"Cannot delete internal topic {info.name}"}
     state.forget_topic(info.name)
     state.store.delete_topic(info.name)
+    state.cluster.forget_topic(info.name)
     return {**result, "name": info.name, "topic_id": info.topic_id, "error_code": ErrorCode.none}
 
 

@@ -1,0 +1,72 @@
+"""AlterPartitionReassignments / ListPartitionReassignments against a three-node cluster view
+(one process, `nodes=3`): the new replicas and leader show in Metadata at once, survive a
+restart, and bad assignments get Kafka's errors. Raw requests: confluent-kafka has no
+reassignment API."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.errors import ErrorCode
+
+from onceflow.broker.embedded import Broker
+from tests.kafka_raw import RawClient
+
+TIMEOUT_S = 30
+ALTER_REASSIGNMENTS, LIST_REASSIGNMENTS = 45, 46
+
+
+def _replicas(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int]]]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(topic, timeout=TIMEOUT_S).topics[topic]
+    return {p.id: (p.leader, list(p.replicas)) for p in metadata.partitions.values()}
+
+
+def _reassign(bootstrap: str, topic: str, partitions: dict[int, list[int] | None]):
+    body = {"timeout": 30000, "topics": [{"name": topic, "partitions": [
+        {"partition_index": index, "replicas": replicas}
+        for index, replicas in partitions.items()]}]}
+    with RawClient(bootstrap) as client:
+        response = client.request(ALTER_REASSIGNMENTS, 0, body)
+    assert response.error_code == ErrorCode.none
+    (topic_response,) = response.responses
+    return {p.partition_index: (p.error_code, p.error_message) for p in topic_response.partitions}
+
+
+def test_reassignment_moves_replicas_and_survives_restart(tmp_path):
+    topic = f"moved-{uuid.uuid4().hex[:8]}"
+    with Broker(tmp_path, nodes=3) as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(TIMEOUT_S)
+        before = _replicas(bootstrap, topic)
+        target = next(n for n in range(3) if n != before[0][0])
+        errors = _reassign(bootstrap, topic, {0: [target, before[0][0]], 5: [0], 1: [7]})
+        assert errors[0] == (ErrorCode.none, None)
+        assert errors[5][0] == ErrorCode.unknown_topic_or_partition
+        assert errors[1][0] == ErrorCode.invalid_replica_assignment and "7" in errors[1][1]
+        after = _replicas(bootstrap, topic)
+        assert after[0] == (target, [target, before[0][0]])
+        assert after[1] == before[1]  # the invalid one changed nothing
+        errors = _reassign(bootstrap, topic, {0: None, 1: []})
+        assert errors[0][0] == ErrorCode.no_reassignment_in_progress
+        assert errors[1][0] == ErrorCode.invalid_replica_assignment
+        with RawClient(bootstrap) as client:
+            listed = client.request(LIST_REASSIGNMENTS, 0, {"timeout": 30000, "topics": None})
+        assert (listed.error_code, listed.topics) == (ErrorCode.none, ())
+    with Broker(tmp_path, nodes=3) as broker:
+        assert _replicas(broker.bootstrap_servers, topic)[0] == (target, [target, before[0][0]])
+
+
+@pytest.mark.parametrize("replicas", [[1, 1], [0, 3]])
+def test_reassignment_rejects_bad_replica_lists(tmp_path, replicas):
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    with Broker(tmp_path, nodes=3) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(TIMEOUT_S)
+        before = _replicas(broker.bootstrap_servers, topic)
+        errors = _reassign(broker.bootstrap_servers, topic, {0: replicas})
+        assert errors[0][0] == ErrorCode.invalid_replica_assignment
+        assert _replicas(broker.bootstrap_servers, topic) == before
