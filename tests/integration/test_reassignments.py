@@ -8,7 +8,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.embedded import Broker
@@ -70,3 +71,30 @@ def test_reassignment_rejects_bad_replica_lists(tmp_path, replicas):
         errors = _reassign(broker.bootstrap_servers, topic, {0: replicas})
         assert errors[0][0] == ErrorCode.invalid_replica_assignment
         assert _replicas(broker.bootstrap_servers, topic) == before
+
+
+def test_explicit_assignments_in_create_topics_and_partitions(tmp_path):
+    topic = f"manual-{uuid.uuid4().hex[:8]}"
+    with Broker(tmp_path, nodes=3) as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        # librdkafka sends num_partitions and replication_factor -1 with an assignment.
+        admin.create_topics([NewTopic(topic, 2, replica_assignment=[[2, 0], [1, 2]])])[topic].result(
+            TIMEOUT_S)
+        assert _replicas(bootstrap, topic) == {0: (2, [2, 0]), 1: (1, [1, 2])}
+        for bad, message in (([[0, 5]], "broker 5"), ([[1, 1]], "more than once"),
+                             ([[0, 1], [2]], "not consistent")):
+            name = f"bad-{uuid.uuid4().hex[:8]}"
+            future = admin.create_topics([NewTopic(name, len(bad), replica_assignment=bad)])[name]
+            with pytest.raises(KafkaException, match=message) as caught:
+                future.result(TIMEOUT_S)
+            assert caught.value.args[0].name() == "INVALID_REPLICA_ASSIGNMENT"
+        future = admin.create_partitions([NewPartitions(topic, 3, replica_assignment=[[0, 1]])])
+        future[topic].result(TIMEOUT_S)
+        with pytest.raises(KafkaException, match="broker 9"):
+            admin.create_partitions([NewPartitions(topic, 4, replica_assignment=[[0, 9]])])[
+                topic].result(TIMEOUT_S)
+        assert _replicas(bootstrap, topic)[2] == (0, [0, 1])
+    with Broker(tmp_path, nodes=3) as broker:
+        assert _replicas(broker.bootstrap_servers, topic) == {
+            0: (2, [2, 0]), 1: (1, [1, 2]), 2: (0, [0, 1])}

@@ -73,9 +73,34 @@ class Cluster:
 
     def assign(self, topic: str, partition: int, replicas: list[int]) -> None:
         """Makes `replicas` the partition's replicas (the first is the preferred leader)."""
-        self.assigned[(topic, partition)] = list(replicas)
+        self.assign_many(topic, {partition: replicas})
+
+    def assign_many(self, topic: str, replicas_by_partition: dict[int, list[int]]) -> None:
+        for partition, replicas in replicas_by_partition.items():
+            self.assigned[(topic, partition)] = [int(r) for r in replicas]
         self.leader_epoch += 1
         self._save()
+
+    def assignment_error(self, replicas, replication_factor: int | None = None) -> str | None:
+        """Why an explicit replica list is invalid (Kafka: INVALID_REPLICA_ASSIGNMENT), or
+        None; checked in Kafka's order, over the sorted ids."""
+        if not replicas:
+            return "The manual partition assignment includes an empty replica list."
+        known = {node.node_id for node in self.nodes}
+        previous = None
+        for replica in sorted(replicas):
+            if replica not in known:
+                return (f"The manual partition assignment includes broker {replica}, but no "
+                        "such broker is registered.")
+            if replica == previous:
+                return (f"The manual partition assignment includes the broker {replica} more "
+                        "than once.")
+            previous = replica
+        if replication_factor is not None and len(replicas) != replication_factor:
+            return (f"The manual partition assignment includes a partition with "
+                    f"{len(replicas)} replica(s), but this is not consistent with previous "
+                    f"partitions, which have {replication_factor} replica(s).")
+        return None
 
     def forget_topic(self, topic: str) -> None:
         """Drops a deleted topic's assignments (a new topic of that name starts computed)."""

@@ -16,20 +16,6 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation
 
 
-def replica_assignment_error(replicas, node_ids: set[int]) -> str | None:
-    """Why an explicit replica list is invalid (INVALID_REPLICA_ASSIGNMENT), or None."""
-    if not replicas:
-        return "The manual partition assignment includes an empty replica list."
-    if len(set(replicas)) != len(replicas):
-        return ("The manual partition assignment includes the broker "
-                f"{next(r for r in replicas if list(replicas).count(r) > 1)} more than once.")
-    for replica in replicas:
-        if replica not in node_ids:
-            return (f"The manual partition assignment includes broker {replica}, but no such "
-                    "broker is registered.")
-    return None
-
-
 def _reassign(ctx: RequestContext, topic: str, p) -> dict:
     result = {"partition_index": p.partition_index, "error_code": ErrorCode.none,
               "error_message": None}
@@ -41,8 +27,7 @@ def _reassign(ctx: RequestContext, topic: str, p) -> dict:
     if p.replicas is None:
         return {**result, "error_code": ErrorCode.no_reassignment_in_progress,
                 "error_message": "No partition reassignment is in progress."}
-    problem = replica_assignment_error(list(p.replicas),
-                                       {node.node_id for node in ctx.broker.cluster.nodes})
+    problem = ctx.broker.cluster.assignment_error(list(p.replicas))
     if problem is not None:
         return {**result, "error_code": ErrorCode.invalid_replica_assignment,
                 "error_message": problem}
