@@ -87,6 +87,7 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 # api_key -> (min_version, max_version), both inclusive.
@@ -124,6 +125,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.ELECT_LEADERS: (0, 2),
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
     ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    # KIP-966; the Java admin client (3.9+) describes topics with it when advertised.
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 1),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
     # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys
