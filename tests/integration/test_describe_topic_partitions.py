@@ -3,8 +3,10 @@ unknown and bad names, and the authorized operations of a broker without an auth
 
 from __future__ import annotations
 
+import time
 import uuid
 
+from confluent_kafka import Consumer, TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
@@ -51,3 +53,33 @@ def test_paging_with_cursor(onceflow_broker):
         assert [t.error_code for t in bad.topics] == [ErrorCode.invalid_request]
         invalid = _request(client, ["bad name"], 10)
         assert invalid.topics[0].error_code == ErrorCode.invalid_topic_exception
+
+
+def test_authorized_operations_without_authorizer(onceflow_broker):
+    admin = AdminClient({"bootstrap.servers": onceflow_broker.bootstrap_servers})
+    name = f"ops-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(name, 1, 1)])[name].result(TIMEOUT_S)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(TIMEOUT_S)
+    assert sorted(op.name for op in cluster.authorized_operations) == sorted(
+        ["CREATE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE",
+         "ALTER", "DESCRIBE"])
+    [topic] = admin.describe_topics(TopicCollection([name]), include_authorized_operations=True)\
+        .values()
+    assert sorted(op.name for op in topic.result(TIMEOUT_S).authorized_operations) == sorted(
+        ["READ", "WRITE", "CREATE", "DESCRIBE", "DELETE", "ALTER", "DESCRIBE_CONFIGS",
+         "ALTER_CONFIGS"])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": onceflow_broker.bootstrap_servers,
+                         "group.id": group, "group.protocol": "classic"})
+    try:
+        consumer.subscribe([name])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.5)
+        assert consumer.assignment(), "the consumer never joined its group"
+        [described] = admin.describe_consumer_groups([group], include_authorized_operations=True)\
+            .values()
+        assert sorted(op.name for op in described.result(TIMEOUT_S).authorized_operations) == \
+            sorted(["READ", "DESCRIBE", "DELETE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"])
+    finally:
+        consumer.close()

@@ -18,25 +18,13 @@ import uuid
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers.operations import OMITTED, authorized_operations
 from onceflow.broker.state import INTERNAL_TOPICS, replication_factor, topic_name_error
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.store import TopicInfo
 
 PARTITION_LIMIT_MAX = 2000  # Kafka's max.request.partition.size.limit default
 ZERO_UUID = uuid.UUID(int=0)
-TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE,
-                    Operation.ALTER, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS,
-                    Operation.ALTER_CONFIGS)
-
-
-def authorized_operations(ctx: RequestContext, resource_type: ResourceType, name: str,
-                          operations) -> int:
-    """Kafka's authorized-operations bit field: bit `op` set for each operation allowed."""
-    bits = 0
-    for operation in operations:
-        if ctx.authorized(operation, resource_type, name):
-            bits |= 1 << int(operation)
-    return bits
 
 
 def _partition(ctx: RequestContext, info: TopicInfo, index: int) -> dict:
@@ -53,7 +41,7 @@ def _partition(ctx: RequestContext, info: TopicInfo, index: int) -> dict:
 def _failed(name: str, code: ErrorCode) -> dict:
     return {"error_code": code, "name": name, "topic_id": ZERO_UUID,
             "is_internal": name in INTERNAL_TOPICS, "partitions": [],
-            "topic_authorized_operations": -(2**31)}
+            "topic_authorized_operations": OMITTED}
 
 
 @handles(ApiKey.DESCRIBE_TOPIC_PARTITIONS)
@@ -94,7 +82,7 @@ async def describe_topic_partitions(ctx: RequestContext, body) -> dict:
                        "is_internal": name in INTERNAL_TOPICS,
                        "partitions": [_partition(ctx, info, i) for i in taken],
                        "topic_authorized_operations": authorized_operations(
-                           ctx, ResourceType.TOPIC, name, TOPIC_OPERATIONS)})
+                           ctx, ResourceType.TOPIC, name)})
         if len(indexes) > len(taken):
             next_cursor = {"topic_name": name, "partition_index": indexes[len(taken)]}
             break
