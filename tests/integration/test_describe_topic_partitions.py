@@ -83,3 +83,16 @@ def test_authorized_operations_without_authorizer(onceflow_broker):
             sorted(["READ", "DESCRIBE", "DELETE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"])
     finally:
         consumer.close()
+
+
+DESCRIBE_CLUSTER = 60
+
+
+def test_describe_cluster_v2(onceflow_broker):
+    with RawClient(onceflow_broker.bootstrap_servers) as client:
+        response = client.request(DESCRIBE_CLUSTER, 2, {
+            "include_cluster_authorized_operations": False, "endpoint_type": 1,
+            "include_fenced_brokers": True})
+    assert response.error_code == ErrorCode.none
+    assert [(b.broker_id, b.is_fenced) for b in response.brokers] == [(0, False)]
+    assert response.cluster_authorized_operations == -(2**31)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import ElectionType, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kio.schema.errors import ErrorCode
 
@@ -16,7 +16,7 @@ from onceflow.broker.embedded import Broker
 from tests.kafka_raw import RawClient
 
 TIMEOUT_S = 30
-ALTER_REASSIGNMENTS, LIST_REASSIGNMENTS = 45, 46
+ALTER_REASSIGNMENTS, LIST_REASSIGNMENTS, DESCRIBE_CLUSTER = 45, 46, 60
 
 
 def _replicas(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int]]]:
@@ -98,3 +98,27 @@ def test_explicit_assignments_in_create_topics_and_partitions(tmp_path):
     with Broker(tmp_path, nodes=3) as broker:
         assert _replicas(broker.bootstrap_servers, topic) == {
             0: (2, [2, 0]), 1: (1, [1, 2]), 2: (0, [0, 1])}
+
+
+def test_node_down_preferred_leader_and_fenced_brokers(tmp_path):
+    topic = f"down-{uuid.uuid4().hex[:8]}"
+    with Broker(tmp_path, nodes=3) as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, 1, replica_assignment=[[1, 0]])])[topic].result(
+            TIMEOUT_S)
+        broker.faults.node_down(1)
+        assert _replicas(bootstrap, topic)[0] == (0, [1, 0])
+        errors = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(
+            TIMEOUT_S)
+        assert errors[TopicPartition(topic, 0)].name() == "PREFERRED_LEADER_NOT_AVAILABLE"
+        with RawClient(bootstrap) as client:
+            response = client.request(DESCRIBE_CLUSTER, 2, {
+                "include_cluster_authorized_operations": False, "endpoint_type": 1,
+                "include_fenced_brokers": True})
+        assert sorted((b.broker_id, b.is_fenced) for b in response.brokers) == [
+            (0, False), (1, True), (2, False)]
+        broker.faults.node_up(1)
+        errors = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(
+            TIMEOUT_S)
+        assert errors[TopicPartition(topic, 0)].name() == "ELECTION_NOT_NEEDED"

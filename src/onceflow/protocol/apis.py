@@ -127,7 +127,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
     # KIP-966; the Java admin client (3.9+) describes topics with it when advertised.
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
-    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    # v2: include_fenced_brokers / is_fenced (nodes taken down count as fenced).
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
     # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys
     # (KIP-699); v5 (TRANSACTION_ABORTABLE) and v6 (share groups) are not needed yet.

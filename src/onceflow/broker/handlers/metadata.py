@@ -109,6 +109,16 @@ async def metadata(ctx: RequestContext, body) -> dict:
     }
 
 
+def _fenced(state: BrokerState, listener: str | None, include: bool) -> list[dict]:
+    """DescribeCluster v2 with include_fenced_brokers: nodes taken down (fault injection)
+    are reported as Kafka reports fenced brokers."""
+    if not include:
+        return []
+    return [{"broker_id": n.node_id, "host": n.endpoint(listener)[0],
+             "port": n.endpoint(listener)[1], "rack": None, "is_fenced": True}
+            for n in state.cluster.nodes if not n.up]
+
+
 @handles(ApiKey.DESCRIBE_CLUSTER)
 async def describe_cluster(ctx: RequestContext, body) -> dict:
     state = ctx.broker
@@ -118,9 +128,10 @@ async def describe_cluster(ctx: RequestContext, body) -> dict:
         "cluster_id": state.config.cluster_id,
         "controller_id": state.cluster.controller_id,
         "brokers": [
-            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None}
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None,
+             "is_fenced": False}
             for b in brokers(state, ctx.listener)
-        ],
+        ] + _fenced(state, ctx.listener, getattr(body, "include_fenced_brokers", False)),
         "cluster_authorized_operations": (
             cluster_operations(ctx) if body.include_cluster_authorized_operations
             else AUTHORIZED_OPERATIONS_OMITTED),
