@@ -146,3 +146,46 @@ def test_legacy_alter_replaces_all(onceflow_broker, admin):
     # The keys left out return to their defaults.
     assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
     assert configs["retention.bytes"].value == "-1"
+
+
+LOGGER = "onceflow.broker.handlers.loggers"
+
+
+def _logger_ops(client: RawClient, ops, name: str = "0", validate_only: bool = False):
+    body = {"resources": [{"resource_type": 8, "resource_name": name, "configs": [
+        {"name": n, "config_operation": op, "value": v} for n, op, v in ops]}],
+        "validate_only": validate_only}
+    (result,) = client.request(INCREMENTAL_ALTER_CONFIGS, 1, body).responses
+    return result.error_code, result.error_message
+
+
+def _logger_levels(client: RawClient, name: str = "0") -> dict:
+    body = {"resources": [{"resource_type": 8, "resource_name": name,
+                           "configuration_keys": None}],
+            "include_synonyms": False, "include_documentation": False}
+    (result,) = client.request(DESCRIBE_CONFIGS, 4, body).results
+    assert result.error_code == ErrorCode.none, result.error_message
+    assert all(c.config_source == 6 for c in result.configs)  # DYNAMIC_BROKER_LOGGER_CONFIG
+    return {c.name: c.value for c in result.configs}
+
+
+def test_broker_logger_levels(onceflow_broker):
+    with RawClient(onceflow_broker.bootstrap_servers) as client:
+        levels = _logger_levels(client)
+        assert "root" in levels and LOGGER in levels
+        before = levels[LOGGER]
+        assert _logger_ops(client, [(LOGGER, 0, "TRACE")], validate_only=True)[0] == 0
+        assert _logger_levels(client)[LOGGER] == before
+        try:
+            assert _logger_ops(client, [(LOGGER, 0, "TRACE")]) == (ErrorCode.none, None)
+            assert _logger_levels(client)[LOGGER] == "TRACE"
+        finally:
+            assert _logger_ops(client, [(LOGGER, 1, None)]) == (ErrorCode.none, None)
+        assert _logger_levels(client)[LOGGER] == before
+        code, message = _logger_ops(client, [(LOGGER, 0, "LOUD")])
+        assert code == ErrorCode.invalid_config and "DEBUG, ERROR, FATAL, INFO, TRACE, WARN" in message
+        assert _logger_ops(client, [("no.such.logger", 0, "INFO")]) == (
+            ErrorCode.invalid_config, "Logger no.such.logger does not exist!")
+        assert _logger_ops(client, [("root", 1, None)])[0] == ErrorCode.invalid_request
+        assert _logger_ops(client, [(LOGGER, 2, "INFO")])[0] == ErrorCode.invalid_request
+        assert _logger_ops(client, [(LOGGER, 0, "INFO")], name="7")[0] == ErrorCode.invalid_request

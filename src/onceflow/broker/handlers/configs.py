@@ -16,18 +16,20 @@ from collections.abc import Mapping
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.config_file import LOG_DEFAULT_KEYS, effective_broker_configs
-from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers import ApiKey, RequestContext, handles, loggers
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import config as topic_config
 from onceflow.storage.store import TopicInfo
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
+RESOURCE_BROKER_LOGGER = 8
 
 # Kafka's ConfigSource values.
 SOURCE_DYNAMIC_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
+SOURCE_DYNAMIC_BROKER_LOGGER = 6
 
 # Kafka's DescribeConfigs config_type ids (storage.config.ConfigType, plus the ones only
 # broker configs use).
@@ -185,6 +187,14 @@ def _describe_one(ctx: RequestContext, resource, include_synonyms: bool) -> dict
             ctx.broker.config.static_keys)}
     if resource.resource_type == RESOURCE_BROKER:
         return {**result, "configs": _broker_configs(ctx, keys, include_synonyms)}
+    if resource.resource_type == RESOURCE_BROKER_LOGGER:
+        try:
+            loggers.check_node(resource.resource_name, ctx.node_id)
+        except loggers.LoggerError as exc:
+            return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
+        return {**result, "configs": [
+            _entry(name, level, SOURCE_DYNAMIC_BROKER_LOGGER, int(topic_config.ConfigType.STRING))
+            for name, level in loggers.loggers().items() if not keys or name in keys]}
     return {**result, "error_code": ErrorCode.invalid_request,
             "error_message": f"unsupported resource type {resource.resource_type}"}
 
@@ -223,6 +233,26 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
     denied = _denied(ctx, resource, Operation.ALTER_CONFIGS)
     if denied is not None:
         return {**result, "error_code": denied}
+    names = [op.name for op in resource.configs]
+    if len(set(names)) != len(names):
+        # Kafka rejects the whole resource before applying anything.
+        return {**result, "error_code": ErrorCode.invalid_request,
+                "error_message": "Error due to duplicate config keys"}
+    nulls = [op.name for op in resource.configs
+             if op.config_operation != OP_DELETE and op.value is None]
+    if nulls:
+        return {**result, "error_code": ErrorCode.invalid_request,
+                "error_message": "Null value not supported for : " + ", ".join(nulls)}
+    if resource.resource_type == RESOURCE_BROKER_LOGGER:
+        try:
+            loggers.check_node(resource.resource_name, ctx.node_id)
+            loggers.validate(resource.configs)
+        except loggers.LoggerError as exc:
+            code = ErrorCode.invalid_config if exc.invalid_config else ErrorCode.invalid_request
+            return {**result, "error_code": code, "error_message": str(exc)}
+        if not validate_only:
+            loggers.apply(resource.configs)
+        return result
     if resource.resource_type != RESOURCE_TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": "only topic configs can be altered"}
@@ -230,13 +260,6 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
     if info is None:
         return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
                 "error_message": f"Topic {resource.resource_name} does not exist"}
-    names = [op.name for op in resource.configs]
-    if len(set(names)) != len(names):
-        # Kafka rejects the whole resource before applying anything.
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        return {**result, "error_code": ErrorCode.invalid_request,
-                "error_message": "Error due to duplicate config keys: "
-                                 + ", ".join(duplicates)}
     try:
         updated = _apply_ops(info.configs, resource.configs)
         topic_config.validate_topic_configs(updated)
