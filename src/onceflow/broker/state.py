@@ -169,6 +169,7 @@ class BrokerState:
         self.config = config
         self.cluster = cluster
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        cluster.load_assignments(Path(config.data_dir))
         self.store = Store(Path(config.data_dir), now_ms(),
                            log_defaults=dict(config.log_defaults))
         self.committer = GroupCommitter(fsync_enabled=config.fsync)

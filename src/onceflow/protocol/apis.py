@@ -70,10 +70,14 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLIENT_QUOTAS = 48
     ALTER_CLIENT_QUOTAS = 49
@@ -85,6 +89,7 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    DESCRIBE_TOPIC_PARTITIONS = 75
 
 
 # api_key -> (min_version, max_version), both inclusive.
@@ -115,7 +120,17 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.DESCRIBE_CONFIGS: (1, 4),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
-    ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    # Legacy replace-all AlterConfigs (kafka-python's alter_configs, older tools).
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    # v0 was removed in Kafka 4.0 (KIP-896); v4 adds the filesystem's total/usable bytes.
+    ApiKey.DESCRIBE_LOG_DIRS: (1, 4),
+    ApiKey.ELECT_LEADERS: (0, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    # KIP-966; the Java admin client (3.9+) describes topics with it when advertised.
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    # v2: include_fenced_brokers / is_fenced (nodes taken down count as fenced).
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator
     # is advertised (v0 must be in range for librdkafka < 2.11.1). v4 batches keys
     # (KIP-699); v5 (TRANSACTION_ABORTABLE) and v6 (share groups) are not needed yet.

@@ -75,6 +75,9 @@ _MODULES = (
     "list_offsets",
     "topics",
     "configs",
+    "log_dirs",      # issue 15: DescribeLogDirs, ElectLeaders
+    "reassignments",  # issue 15: Alter/ListPartitionReassignments
+    "describe_topic_partitions",  # issue 15: KIP-966
     "delete_records",
     "coordinators",
     "groups",        # issue 4: JoinGroup .. DeleteGroups

@@ -21,6 +21,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles, route_group
+from onceflow.broker.handlers.operations import authorized_operations
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.groups import (
     DescribedGroup,
@@ -174,8 +175,12 @@ def _describe_one(ctx: RequestContext, group_id: str) -> DescribedGroup:
 
 @handles(ApiKey.DESCRIBE_GROUPS)
 async def describe_groups(ctx: RequestContext, body) -> dict:
-    return {"throttle_time": 0,
-            "groups": [_described(ctx.api_version, _describe_one(ctx, g)) for g in body.groups]}
+    groups = [_described(ctx.api_version, _describe_one(ctx, g)) for g in body.groups]
+    if getattr(body, "include_authorized_operations", False):  # v3+ (issue 15)
+        groups = [{**g, "authorized_operations": authorized_operations(
+            ctx, ResourceType.GROUP, g["group_id"])} if g["error_code"] == ErrorCode.none else g
+            for g in groups]
+    return {"throttle_time": 0, "groups": groups}
 
 
 # ---------------------------------------------------------------- ListGroups

@@ -10,6 +10,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers.operations import authorized_operations, cluster_operations
 from onceflow.broker.handlers.topics import create_topic
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
 from onceflow.security.acl import Operation, ResourceType
@@ -91,14 +92,31 @@ async def metadata(ctx: RequestContext, body) -> dict:
     else:
         allow = state.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
         topics = [_lookup(ctx, t, allow) for t in requested]
+    if getattr(body, "include_topic_authorized_operations", False):  # v8+ (issue 15)
+        topics = [{**t, "topic_authorized_operations": authorized_operations(
+            ctx, ResourceType.TOPIC, t["name"])} if t["error_code"] == ErrorCode.none else t
+            for t in topics]
     return {
         "throttle_time": 0,
         "brokers": brokers(state, ctx.listener),
         "cluster_id": state.config.cluster_id,
         "controller_id": state.cluster.controller_id,
         "topics": topics,
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        "cluster_authorized_operations": (
+            cluster_operations(ctx)
+            if getattr(body, "include_cluster_authorized_operations", False)  # v8-10
+            else AUTHORIZED_OPERATIONS_OMITTED),
     }
+
+
+def _fenced(state: BrokerState, listener: str | None, include: bool) -> list[dict]:
+    """DescribeCluster v2 with include_fenced_brokers: nodes taken down (fault injection)
+    are reported as Kafka reports fenced brokers."""
+    if not include:
+        return []
+    return [{"broker_id": n.node_id, "host": n.endpoint(listener)[0],
+             "port": n.endpoint(listener)[1], "rack": None, "is_fenced": True}
+            for n in state.cluster.nodes if not n.up]
 
 
 @handles(ApiKey.DESCRIBE_CLUSTER)
@@ -110,8 +128,11 @@ async def describe_cluster(ctx: RequestContext, body) -> dict:
         "cluster_id": state.config.cluster_id,
         "controller_id": state.cluster.controller_id,
         "brokers": [
-            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None}
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": None,
+             "is_fenced": False}
             for b in brokers(state, ctx.listener)
-        ],
-        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        ] + _fenced(state, ctx.listener, getattr(body, "include_fenced_brokers", False)),
+        "cluster_authorized_operations": (
+            cluster_operations(ctx) if body.include_cluster_authorized_operations
+            else AUTHORIZED_OPERATIONS_OMITTED),
     }

@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.handlers.configs import describe_topic_configs, topic_config_error
-from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, topic_name_error
+from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
 from onceflow.storage.store import TopicInfo
 
 # A bound on what a peer can make us allocate: Kafka has no hard limit, but each
@@ -63,11 +63,36 @@ def create_topic(
     return state.store.create_topic(name, partitions, configs, replication_factor=rf)
 
 
+def _manual_assignment(state: BrokerState, topic) -> dict[int, list[int]]:
+    """CreateTopics' explicit replicas per partition, checked as Kafka's controller does
+    (raises TopicError)."""
+    if topic.replication_factor != -1:
+        raise TopicError(ErrorCode.invalid_request, "A manual partition assignment was "
+                         "specified, but replication factor was not set to -1.")
+    if topic.num_partitions != -1:
+        raise TopicError(ErrorCode.invalid_request, "A manual partition assignment was "
+                         "specified, but numPartitions was not set to -1.")
+    assigned: dict[int, list[int]] = {}
+    rf = None
+    for assignment in topic.assignments:
+        index = assignment.partition_index
+        if index in assigned:
+            raise TopicError(ErrorCode.invalid_replica_assignment,
+                             f"Found multiple manual partition assignments for partition {index}")
+        replicas = [int(r) for r in assignment.broker_ids]
+        if problem := state.cluster.assignment_error(replicas, rf):
+            raise TopicError(ErrorCode.invalid_replica_assignment, problem)
+        rf = len(replicas)
+        assigned[index] = replicas
+    if sorted(assigned) != list(range(len(assigned))):
+        raise TopicError(ErrorCode.invalid_replica_assignment,
+                         "partitions should be a consecutive 0-based integer sequence")
+    return assigned
+
+
 def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
     configs = {c.name: c.value for c in topic.configs}
     partitions, rf = topic.num_partitions, topic.replication_factor
-    if topic.assignments:  # manual assignment: the partition count is its length
-        partitions, rf = len(topic.assignments), len(topic.assignments[0].broker_ids)
     result = {"name": topic.name, "topic_id": None, "error_code": ErrorCode.none,
               "error_message": None, "configs": []}
     if not (ctx.authorized_cluster(Operation.CREATE)
@@ -75,9 +100,14 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
         return {**result, "error_code": ErrorCode.topic_authorization_failed,
                 "error_message": "Authorization failed."}
     try:
+        assigned = _manual_assignment(ctx.broker, topic) if topic.assignments else None
+        if assigned is not None:  # the partition count and factor come from the assignment
+            partitions, rf = len(assigned), len(assigned[0])
         info = create_topic(ctx.broker, topic.name, partitions, rf, configs, ctx.now_ms(), validate_only)
     except TopicError as exc:
         return {**result, "error_code": exc.code, "error_message": exc.message}
+    if info is not None and assigned is not None:
+        ctx.broker.cluster.assign_many(info.name, assigned)
     info = info or ctx.broker.topic(topic.name)
     if info is not None:
         result["topic_id"] = info.topic_id
@@ -110,6 +140,7 @@ def _delete_one(ctx: RequestContext, name, topic_id) -> dict:
                 "error_message": f"Cannot delete internal topic {info.name}"}
     state.forget_topic(info.name)
     state.store.delete_topic(info.name)
+    state.cluster.forget_topic(info.name)
     return {**result, "name": info.name, "topic_id": info.topic_id, "error_code": ErrorCode.none}
 
 
@@ -134,8 +165,26 @@ def _grow_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
         return {**result, "error_code": ErrorCode.invalid_partitions,
                 "error_message": f"Topic currently has {info.num_partitions} partitions, "
                                  f"{topic.count} would not increase the number of partitions."}
+    assigned = None
+    if topic.assignments is not None:
+        additional = topic.count - info.num_partitions
+        if len(topic.assignments) != additional:
+            return {**result, "error_code": ErrorCode.invalid_replica_assignment,
+                    "error_message": f"Attempted to add {additional} additional partition(s), "
+                                     f"but only {len(topic.assignments)} assignment(s) were "
+                                     "specified."}
+        rf = len(state.cluster.replicas(info.name, 0, replication_factor(info)))
+        assigned = {}
+        for offset, assignment in enumerate(topic.assignments):
+            replicas = [int(r) for r in assignment.broker_ids]
+            if problem := state.cluster.assignment_error(replicas, rf):
+                return {**result, "error_code": ErrorCode.invalid_replica_assignment,
+                        "error_message": problem}
+            assigned[info.num_partitions + offset] = replicas
     if not validate_only:
         state.store.create_partitions(topic.name, topic.count)
+        if assigned:
+            state.cluster.assign_many(topic.name, assigned)
     return result
 
 
