@@ -35,7 +35,7 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
-from onceflow.storage import OffsetOutOfRange
+from onceflow.storage import LogClosedError, OffsetOutOfRange
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 # Fetch session epochs: -1 = full request without a session, 0 = ask for a new one.
@@ -50,6 +50,14 @@ class _Wanted:
     partition_max_bytes: int
     partition: PartitionState | None
     error_code: ErrorCode = ErrorCode.none
+    topic_id: object = None          # the id the partition was resolved under
+    by_id: bool = False
+
+    def lose(self) -> None:
+        """The topic went (deleted, or the broker is stopping) while the fetch waited:
+        answer as Kafka does for a topic it does not know."""
+        self.partition = None
+        self.error_code = ErrorCode.unknown_topic_id if self.by_id else ErrorCode.unknown_topic_or_partition
 
 
 def last_stable_offset(partition: PartitionState) -> int:
@@ -80,7 +88,8 @@ def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
         info = state.topic_by_id(topic.topic_id) if by_id else state.topic(topic.topic)
         key = topic.topic_id if by_id else topic.topic
         for p in topic.partitions:
-            item = _Wanted(key, p.partition, p.fetch_offset, p.partition_max_bytes, None)
+            item = _Wanted(key, p.partition, p.fetch_offset, p.partition_max_bytes, None,
+                           by_id=by_id)
             name = info.name if info is not None else (None if by_id else topic.topic)
             if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
                 item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
@@ -92,6 +101,7 @@ def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
                 item.error_code = ErrorCode.not_leader_or_follower
             else:
                 item.partition = partition
+                item.topic_id = info.topic_id
             wanted.append(item)
     return wanted
 
@@ -123,6 +133,12 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
             response["error_code"] = ErrorCode.offset_out_of_range
             errors = True
             records = b""
+        except LogClosedError:   # deleted between the check and the read
+            item.lose()
+            response.update(error_code=item.error_code, high_watermark=-1,
+                            last_stable_offset=-1, log_start_offset=-1)
+            errors = True
+            records = b""
         response["records"] = records
         if isolation == READ_COMMITTED:
             response["aborted_transactions"] = aborted_transactions(
@@ -145,6 +161,17 @@ async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
     finally:
         for partition in partitions:
             partition.waiters.discard(waiter)
+
+
+def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
+    """After a wait: partitions whose topic was deleted (or deleted and created again
+    under a new id) are answered with an error instead of read from a closed log."""
+    for item in wanted:
+        if item.partition is None:
+            continue
+        info = ctx.broker.topic(item.partition.topic)
+        if info is None or info.topic_id != item.topic_id:
+            item.lose()
 
 
 def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[dict]:
@@ -172,6 +199,7 @@ async def fetch(ctx: RequestContext, body) -> dict:
         if total >= body.min_bytes or errors or remaining_s <= 0 or not wanted:
             break
         await _wait_for_data(wanted, remaining_s)
+        _drop_gone(ctx, wanted)
     by_id = bool(body.topics) and hasattr(body.topics[0], "topic_id")
     return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
             "responses": _group(wanted, responses, by_id)}
