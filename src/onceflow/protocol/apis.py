@@ -102,8 +102,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.FETCH: (4, 12),
     # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79).
     ApiKey.LIST_OFFSETS: (1, 8),
-    # v0-12 as Kafka 4.0; aiokafka still uses low versions. v12 returns topic ids.
-    ApiKey.METADATA: (0, 12),
+    # v0-13 as Kafka 4.x; aiokafka still uses low versions. v12 looks topics up by id
+    # (the Java admin client's describeTopics), v13 adds a top-level error code.
+    ApiKey.METADATA: (0, 13),
     # v0 for aiokafka (it only speaks v0) and for the UNSUPPORTED_VERSION retry of
     # newer clients; v3+ carries the client software name and version (KIP-511).
     ApiKey.API_VERSIONS: (0, 4),
