@@ -51,6 +51,7 @@ class BrokerConfig:
     # ("retention.ms", "3600000")), under every topic's own configs; see config_file.py.
     log_defaults: tuple[tuple[str, str], ...] = ()
     static_keys: frozenset[str] = frozenset()  # Kafka keys set by --config (DescribeConfigs)
+    fetch_session_cache_slots: int = 1000   # max.incremental.fetch.session.cache.slots
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms (1 day)
     producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
     # Opt-in HTTP admin endpoint (fault injection, Prometheus /metrics); None = off, 0 = any port.

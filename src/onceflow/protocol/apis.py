@@ -93,15 +93,17 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # v13 names topics by id (not offered; Java 4.x caps itself at v12 then).
     ApiKey.PRODUCE: (3, 12),
     # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
-    # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). The
-    # maximum is v12, the last version that names topics: v13+ sends topic ids
-    # instead, which needs id -> name resolution, UNKNOWN_TOPIC_ID answers and
-    # id-keyed fetch sessions in the fetch handler. Every client here copes: Java
-    # and librdkafka fall back to v12 themselves, kafka-python stops at v12 and
-    # aiokafka at v11. Raising it is one line once the handler speaks topic ids.
-    ApiKey.FETCH: (4, 12),
-    # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79).
-    ApiKey.LIST_OFFSETS: (1, 8),
+    # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). v13+ names
+    # topics by id (UNKNOWN_TOPIC_ID for an id the broker does not know; Java uses
+    # v13+ only when every fetched topic has an id, else caps itself at v12), v15
+    # replaces replica_id with replica_state, v16 answers NOT_LEADER_OR_FOLLOWER
+    # with the leader and its endpoint (KIP-951), v17 adds the replica directory id
+    # (inter-broker). v18 (a replica's high watermark) is not offered.
+    ApiKey.FETCH: (4, 17),
+    # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79). v7 knows
+    # MAX_TIMESTAMP (-3), v8 EARLIEST_LOCAL (-4), v9 LATEST_TIERED (-5), v10 a timeout
+    # for remote storage (KIP-1075).
+    ApiKey.LIST_OFFSETS: (1, 10),
     # v0-13 as Kafka 4.x; aiokafka still uses low versions. v12 looks topics up by id
     # (the Java admin client's describeTopics), v13 adds a top-level error code.
     ApiKey.METADATA: (0, 13),
