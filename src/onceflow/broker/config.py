@@ -127,7 +127,9 @@ class BrokerConfig:
 
     def feature_levels(self) -> dict[str, int]:
         """Finalized feature levels that differ from protocol.apis.FEATURES' defaults."""
-        return {"transaction.version": self.transaction_version}
+        # Kafka requires metadata.version 4.0-IV2 (24) for transaction.version 2.
+        return {"transaction.version": self.transaction_version,
+                "metadata.version": 24 if self.transaction_version >= 2 else 22}
 
     def advertised(self, node_id: int, bound_port: int) -> tuple[str, int]:
         """The host and port clients are told to use for `node_id`."""

@@ -203,8 +203,14 @@ class Feature:
 # (Kafka 4.0's default). transaction.version 2 = transactions V2 (KIP-890 part 2): a Java
 # 4.x producer then sends Produce v12, TxnOffsetCommit v5 and EndTxn v5 and bumps its epoch
 # per transaction; finalized at 1 by default (`--transaction-version 2` raises it), see
-# docs/transactions.md. Other features (issue 15) go in this table too.
+# docs/transactions.md. metadata.version (Kafka's MetadataVersion feature levels) is what
+# admin tools show as the cluster's version: 22 = 4.0-IV0 (the consumer group protocol's
+# bootstrap level, what onceflow implements); 24 = 4.0-IV2, the level Kafka requires for
+# transaction.version 2, finalized when that is on (BrokerConfig.feature_levels). 23
+# (4.0-IV1, eligible leader replicas) has nothing a client can tell apart here; 25
+# (4.0-IV3, async remote ListOffsets) is not offered. 7 (3.3-IV3) is Kafka 4.0's minimum.
 FEATURES: tuple[Feature, ...] = (
+    Feature("metadata.version", 7, 24, 22),
     Feature("group.version", 0, 1, 1),
     Feature("transaction.version", 0, 2, 1),
 )
