@@ -26,8 +26,9 @@ INCONSISTENT_TOPIC_ID is never answered: a partition is only ever found through 
 current id, so no request can pair a partition with another id. NOT_LEADER_OR_FOLLOWER
 answers carry the leader (v12+, tagged) and its endpoint (v16+, KIP-951).
 
-Fetch sessions (KIP-227) are not created: the response carries session id 0,
-which tells clients to keep sending full fetch requests.
+Fetch sessions (KIP-227, broker/runtime/fetch_sessions.py): a full fetch with epoch 0
+creates a session when the cache has room; an incremental fetch reads every partition
+of its session and answers only those with something new (docs/protocol.md).
 """
 
 from __future__ import annotations
