@@ -1,5 +1,5 @@
-"""ApiVersions v4 answers like a Kafka 4.0 broker: kafka-python's version probe infers
-Kafka 4.0 from the advertised ranges, and the supported and finalized features include
+"""ApiVersions v4 answers like a Kafka 4.x broker: kafka-python's version probe infers
+Kafka 4.1 from the advertised ranges (Produce v13, ListOffsets v10), and the supported and finalized features include
 metadata.version at 4.0-IV0 (22)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ API_VERSIONS = 18
 def test_kafka_python_infers_kafka_4(onceflow_broker):
     consumer = KafkaConsumer(bootstrap_servers=onceflow_broker.bootstrap_servers)
     try:
-        assert consumer.config["api_version"] >= (4, 0)
+        assert consumer.config["api_version"] == (4, 1)
     finally:
         consumer.close()
 
@@ -30,4 +30,4 @@ def test_features(onceflow_broker):
     supported = {f.name: (f.min_version, f.max_version) for f in answer.supported_features}
     assert supported["metadata.version"] == (7, 24)
     ranges = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
-    assert ranges[1] == (4, 17) and ranges[2] == (1, 10) and ranges[3] == (0, 13)
+    assert ranges[0] == (3, 13) and ranges[1] == (4, 17) and ranges[2] == (1, 10) and ranges[3] == (0, 13)

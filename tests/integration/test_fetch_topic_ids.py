@@ -135,3 +135,20 @@ def test_not_leader_answer_names_the_leader_and_its_endpoint():
             assert leader >= 0 and f"{endpoints[leader][0]}:{endpoints[leader][1]}" in broker.bootstrap_servers
         served = [p for p in answer.responses[0].partitions if p.error_code == ErrorCode.none]
         assert served and all(p.current_leader.leader_id == -1 for p in served)
+
+
+def test_produce_v13_by_topic_id(onceflow_broker):
+    bootstrap = onceflow_broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("produce-id"))
+    tid = topic_id(bootstrap, topic)
+    batch = build_batch([SimpleRecord(key=None, value=b"y")])
+    with RawClient(bootstrap) as client:
+        for key, error in ((tid, ErrorCode.none), (uuid.uuid4(), ErrorCode.unknown_topic_id)):
+            answer = client.request(PRODUCE, 13, {
+                "transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [{
+                    "topic_id": key, "partition_data": [{"index": 0, "records": batch}]}]})
+            (topic_answer,) = answer.responses
+            assert topic_answer.topic_id == key
+            assert topic_answer.partition_responses[0].error_code == error
+        fetched = client.request(FETCH, 17, fetch_body(tid)).responses[0].partitions[0]
+        assert fetched.high_watermark == 1

@@ -90,8 +90,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # v3 is the first with record format v2 (and Kafka 4.0's minimum). The range
     # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v12 is
     # transactions V2 (KIP-890 part 2: the broker adds partitions to the transaction);
-    # v13 names topics by id (not offered; Java 4.x caps itself at v12 then).
-    ApiKey.PRODUCE: (3, 12),
+    # v13 (Kafka 4.1) names topics by id (an unknown id answers UNKNOWN_TOPIC_ID).
+    ApiKey.PRODUCE: (3, 13),
     # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
     # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). v13+ names
     # topics by id (UNKNOWN_TOPIC_ID for an id the broker does not know; Java uses
