@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 from onceflow.broker.embedded import Broker
 from onceflow.broker.handlers.fetch import session_cache
 from onceflow.protocol.records import SimpleRecord, build_batch
-from tests.helpers import create_topic, unique
+from tests.helpers import create_topic, unique, wait_for
 from tests.integration.test_fetch_topic_ids import topic_id
 from tests.java_support import run_java
 from tests.kafka_raw import RawClient
@@ -130,12 +130,14 @@ def test_java_consumer_of_many_partitions_sends_small_incremental_fetches(tmp_pa
         [result] = run_java("AssignAll", bootstrap, topic, "3", "10")
         assert result == {"partitions": PARTITIONS, "records": 3}
         sizes = _fetch_sizes(broker)
-        total, small, full = sizes["+Inf"], sizes["1024.0"], sizes["+Inf"] - sizes["4096.0"]
-        # A full fetch names all partitions (33 bytes each at v17: over 4 KiB); every
+        total, small = sizes["+Inf"], sizes["1024.0"]
+        # A full fetch names all partitions (33 bytes each at v17: 6.6 KB here); every
         # fetch after it in the session names only what changed (under 1 KiB). With 1,000
         # partitions the figures are the same (docs/protocol.md); 200 keep the test fast
-        # (creating and closing 1,000 partitions takes half a minute).
-        assert full >= 1 and total >= 10, sizes
-        assert small >= total - 2, sizes
+        # (creating and closing 1,000 partitions takes half a minute). A loaded machine
+        # may make the client start over once or twice: at most 3 large fetches.
+        assert 1 <= total - small <= 3 and small >= 8, sizes
+        assert sizes["+Inf"] - sizes["4096.0"] >= 1, sizes   # the full fetch
         # The consumer closed its session when it closed (a fetch with epoch -1).
-        assert broker.call(lambda: len(session_cache(broker.server.state))) == 0
+        wait_for(lambda: broker.call(lambda: len(session_cache(broker.server.state))) == 0,
+                 "the consumer's session is closed", 30)
