@@ -13,7 +13,8 @@ API_VERSIONS = 18
 
 
 def test_kafka_python_infers_kafka_4(onceflow_broker):
-    consumer = KafkaConsumer(bootstrap_servers=onceflow_broker.bootstrap_servers)
+    consumer = KafkaConsumer(bootstrap_servers=onceflow_broker.bootstrap_servers,
+                             api_version_auto_timeout_ms=30_000)
     try:
         assert consumer.config["api_version"] == (4, 1)
     finally:
