@@ -13,8 +13,7 @@ API_VERSIONS = 18
 
 
 def test_kafka_python_infers_kafka_4(onceflow_broker):
-    consumer = KafkaConsumer(bootstrap_servers=onceflow_broker.bootstrap_servers,
-                             api_version_auto_timeout_ms=30_000)
+    consumer = KafkaConsumer(bootstrap_servers=onceflow_broker.bootstrap_servers)
     try:
         assert consumer.config["api_version"] == (4, 1)
     finally:
