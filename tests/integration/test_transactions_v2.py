@@ -56,7 +56,8 @@ def test_v2_commits_aborts_and_bumps_the_epoch_per_transaction():
 
     with Broker(**FAST_TXNS, transaction_version=2) as broker:
         bootstrap = broker.bootstrap_servers
-        assert finalized_features(bootstrap) == {"group.version": 1, "transaction.version": 2}
+        assert finalized_features(bootstrap) == {"group.version": 1, "transaction.version": 2,
+                                             "metadata.version": 24}
         topic = create_topic(bootstrap, unique("v2-out"), 2)
         source = create_topic(bootstrap, unique("v2-in"), 1)
         group = unique("v2-group")

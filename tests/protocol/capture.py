@@ -108,6 +108,7 @@ class CaptureBroker:
         }  # fmt: skip
         return {
             "throttle_time": 0,
+            "error_code": 0,   # v13+
             "brokers": [{"node_id": NODE_ID, "host": "127.0.0.1", "port": self.port}],
             "cluster_id": "capture",
             "controller_id": NODE_ID,

@@ -124,7 +124,7 @@ def test_invalid_utf8_in_body_is_a_protocol_error() -> None:
 
 @pytest.mark.parametrize(
     ("api_key", "api_version"),
-    [(ApiKey.PRODUCE, 2), (ApiKey.FETCH, 13), (ApiKey.API_VERSIONS, 5), (999, 0), (-1, 0)],
+    [(ApiKey.PRODUCE, 2), (ApiKey.FETCH, 18), (ApiKey.API_VERSIONS, 5), (999, 0), (-1, 0)],
 )
 def test_unsupported_version_carries_the_header(api_key: int, api_version: int) -> None:
     frame = struct.pack(">hhih", api_key, api_version, 1234, 3) + b"cli" + b"garbage"

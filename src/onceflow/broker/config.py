@@ -51,6 +51,7 @@ class BrokerConfig:
     # ("retention.ms", "3600000")), under every topic's own configs; see config_file.py.
     log_defaults: tuple[tuple[str, str], ...] = ()
     static_keys: frozenset[str] = frozenset()  # Kafka keys set by --config (DescribeConfigs)
+    fetch_session_cache_slots: int = 1000   # max.incremental.fetch.session.cache.slots
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms (1 day)
     producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
     # Opt-in HTTP admin endpoint (fault injection, Prometheus /metrics); None = off, 0 = any port.
@@ -138,7 +139,9 @@ class BrokerConfig:
 
     def feature_levels(self) -> dict[str, int]:
         """Finalized feature levels that differ from protocol.apis.FEATURES' defaults."""
-        return {"transaction.version": self.transaction_version}
+        # Kafka requires metadata.version 4.0-IV2 (24) for transaction.version 2.
+        return {"transaction.version": self.transaction_version,
+                "metadata.version": 24 if self.transaction_version >= 2 else 22}
 
     def advertised(self, node_id: int, bound_port: int) -> tuple[str, int]:
         """The host and port clients are told to use for `node_id`."""

@@ -106,6 +106,7 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _int(1024)),
     "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second",
                                             _positive_float),
+    "max.incremental.fetch.session.cache.slots": ("fetch_session_cache_slots", _int(0)),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", _int(1)),
     "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms",
                                                  _int(1)),

@@ -31,6 +31,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     generate_latest,
 )
 
@@ -42,6 +43,10 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Response bodies are nested dicts and lists; nothing Kafka sends nests deeper than this,
 # and the walk stops there rather than recursing without bound.
 ERROR_WALK_DEPTH_MAX = 8
+# Request sizes: an incremental fetch is tens of bytes, a full fetch of 1,000 partitions
+# tens of kilobytes, a produce up to the frame limit.
+REQUEST_BYTES_BUCKETS = (64, 256, 1024, 4096, 16_384, 65_536, 262_144, 1_048_576,
+                         16_777_216, float("inf"))
 
 
 # Cached (once per request otherwise): the keys are API keys and error codes of
@@ -85,6 +90,14 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter("onceflow_requests", "Requests answered, by request (API).",
                                  ["request"], registry=self.registry)
+        self._versions = Counter(
+            "onceflow_request_versions", "Requests admitted, by request (API) and version "
+            "(Kafka's RequestsPerSec{request,version}): which versions clients really use.",
+            ["request", "version"], registry=self.registry)
+        self._request_bytes = Histogram(
+            "onceflow_request_bytes", "Sizes of admitted requests in bytes (frames without "
+            "the size prefix), by request (Kafka's RequestBytes).", ["request"],
+            buckets=REQUEST_BYTES_BUCKETS, registry=self.registry)
         self._errors = Counter(
             "onceflow_errors", "Error codes returned, by request and error, NONE included "
             "(Kafka's RequestMetrics ErrorsPerSec).", ["request", "error"], registry=self.registry)
@@ -135,6 +148,12 @@ class BrokerMetrics:
         if child is None:
             child = self._children[key] = counter.labels(*labels)
         return child
+
+    def observe_request(self, api_key: int, api_version: int, size_bytes: int) -> None:
+        """Count one decoded request: its version and its size."""
+        name = request_name(api_key)
+        self._child(self._versions, name, str(api_version)).inc()
+        self._child(self._request_bytes, name).observe(size_bytes)
 
     def observe_response(self, api_key: int, body: dict | None) -> None:
         """Count one answered request and the error codes in its body (None: no response)."""

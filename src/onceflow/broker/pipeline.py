@@ -130,6 +130,8 @@ class RequestPipeline:
         request = decode(frame)
         if isinstance(request, bytes):
             return request
+        self._metrics.observe_request(request.header.api_key, request.header.api_version,
+                                      len(frame))
         authenticate(request, peer)
         authorize(request, peer)
         return self._faults.intercept(request, peer.node_id,

@@ -97,20 +97,23 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # v3 is the first with record format v2 (and Kafka 4.0's minimum). The range
     # holds 3 and 7, which librdkafka needs for format v2 and for zstd. v12 is
     # transactions V2 (KIP-890 part 2: the broker adds partitions to the transaction);
-    # v13 names topics by id (not offered; Java 4.x caps itself at v12 then).
-    ApiKey.PRODUCE: (3, 12),
+    # v13 (Kafka 4.1) names topics by id (an unknown id answers UNKNOWN_TOPIC_ID).
+    ApiKey.PRODUCE: (3, 13),
     # v4 is the first with isolation_level and record format v2 (Kafka 4.0's
-    # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). The
-    # maximum is v12, the last version that names topics: v13+ sends topic ids
-    # instead, which needs id -> name resolution, UNKNOWN_TOPIC_ID answers and
-    # id-keyed fetch sessions in the fetch handler. Every client here copes: Java
-    # and librdkafka fall back to v12 themselves, kafka-python stops at v12 and
-    # aiokafka at v11. Raising it is one line once the handler speaks topic ids.
-    ApiKey.FETCH: (4, 12),
-    # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79).
-    ApiKey.LIST_OFFSETS: (1, 8),
-    # v0-12 as Kafka 4.0; aiokafka still uses low versions. v12 returns topic ids.
-    ApiKey.METADATA: (0, 12),
+    # minimum; librdkafka needs 4 in range for format v2, 10 for zstd). v13+ names
+    # topics by id (UNKNOWN_TOPIC_ID for an id the broker does not know; Java uses
+    # v13+ only when every fetched topic has an id, else caps itself at v12), v15
+    # replaces replica_id with replica_state, v16 answers NOT_LEADER_OR_FOLLOWER
+    # with the leader and its endpoint (KIP-951), v17 adds the replica directory id
+    # (inter-broker). v18 (a replica's high watermark) is not offered.
+    ApiKey.FETCH: (4, 17),
+    # v0 was removed in Kafka 4.0; v1 is the first with timestamps (KIP-79). v7 knows
+    # MAX_TIMESTAMP (-3), v8 EARLIEST_LOCAL (-4), v9 LATEST_TIERED (-5), v10 a timeout
+    # for remote storage (KIP-1075).
+    ApiKey.LIST_OFFSETS: (1, 10),
+    # v0-13 as Kafka 4.x; aiokafka still uses low versions. v12 looks topics up by id
+    # (the Java admin client's describeTopics), v13 adds a top-level error code.
+    ApiKey.METADATA: (0, 13),
     # v0 for aiokafka (it only speaks v0) and for the UNSUPPORTED_VERSION retry of
     # newer clients; v3+ carries the client software name and version (KIP-511).
     ApiKey.API_VERSIONS: (0, 4),
@@ -220,8 +223,14 @@ class Feature:
 # (Kafka 4.0's default). transaction.version 2 = transactions V2 (KIP-890 part 2): a Java
 # 4.x producer then sends Produce v12, TxnOffsetCommit v5 and EndTxn v5 and bumps its epoch
 # per transaction; finalized at 1 by default (`--transaction-version 2` raises it), see
-# docs/transactions.md. Other features (issue 15) go in this table too.
+# docs/transactions.md. metadata.version (Kafka's MetadataVersion feature levels) is what
+# admin tools show as the cluster's version: 22 = 4.0-IV0 (the consumer group protocol's
+# bootstrap level, what onceflow implements); 24 = 4.0-IV2, the level Kafka requires for
+# transaction.version 2, finalized when that is on (BrokerConfig.feature_levels). 23
+# (4.0-IV1, eligible leader replicas) has nothing a client can tell apart here; 25
+# (4.0-IV3, async remote ListOffsets) is not offered. 7 (3.3-IV3) is Kafka 4.0's minimum.
 FEATURES: tuple[Feature, ...] = (
+    Feature("metadata.version", 7, 24, 22),
     Feature("group.version", 0, 1, 1),
     Feature("transaction.version", 0, 2, 1),
 )

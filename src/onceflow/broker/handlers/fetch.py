@@ -18,8 +18,17 @@ Long poll: when fewer than `min_bytes` are available and the client allows a
 wait, the handler registers a waiter on each requested partition and sleeps until
 an append wakes it or `max_wait_ms` passes, then reads again.
 
-Fetch sessions (KIP-227) are not created: the response carries session id 0,
-which tells clients to keep sending full fetch requests.
+Topics are named by id from v13 on: an id the broker does not know (zero included)
+answers UNKNOWN_TOPIC_ID. A topic deleted while a fetch waits on it (or deleted and
+created again under a new id) answers UNKNOWN_TOPIC_OR_PARTITION by name and
+UNKNOWN_TOPIC_ID by id; so does a log closed under the read by a stopping broker.
+INCONSISTENT_TOPIC_ID is never answered: a partition is only ever found through its
+current id, so no request can pair a partition with another id. NOT_LEADER_OR_FOLLOWER
+answers carry the leader (v12+, tagged) and its endpoint (v16+, KIP-951).
+
+Fetch sessions (KIP-227, broker/runtime/fetch_sessions.py): a full fetch with epoch 0
+creates a session when the cache has room; an incremental fetch reads every partition
+of its session and answers only those with something new (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -27,19 +36,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import weakref
 
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.config import FETCH_WAIT_MS_MAX
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
+from onceflow.broker.handlers.metadata import brokers
+from onceflow.broker.runtime.fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    FetchSessionCache,
+    next_epoch,
+)
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
-from onceflow.storage import OffsetOutOfRange
+from onceflow.storage import LogClosedError, OffsetOutOfRange
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-# Fetch session epochs: -1 = full request without a session, 0 = ask for a new one.
-SESSIONLESS_EPOCHS = (-1, 0)
+TOPIC_ID_VERSION = 13   # Fetch v13+ names topics by id
 
 
 @dataclasses.dataclass(slots=True)
@@ -50,6 +66,16 @@ class _Wanted:
     partition_max_bytes: int
     partition: PartitionState | None
     error_code: ErrorCode = ErrorCode.none
+    topic_id: object = None          # the id the partition was resolved under
+    by_id: bool = False
+    leader: int = -1                 # NOT_LEADER_OR_FOLLOWER: who leads (v16+ tells)
+    leader_epoch: int = -1
+
+    def lose(self) -> None:
+        """The topic went (deleted, or the broker is stopping) while the fetch waited:
+        answer as Kafka does for a topic it does not know."""
+        self.partition = None
+        self.error_code = ErrorCode.unknown_topic_id if self.by_id else ErrorCode.unknown_topic_or_partition
 
 
 def last_stable_offset(partition: PartitionState) -> int:
@@ -72,27 +98,43 @@ def aborted_transactions(partition: PartitionState, fetch_offset: int, upper_off
             for txn in aborted if txn.first_offset < end_offset]
 
 
-def _resolve(ctx: RequestContext, body) -> list[_Wanted]:
+def _requested(body, by_id: bool) -> list[tuple[tuple, int, int]]:
+    """((topic key, partition), fetch offset, partition max bytes) of the request."""
+    return [((topic.topic_id if by_id else topic.topic, p.partition), p.fetch_offset,
+             p.partition_max_bytes)
+            for topic in body.topics for p in topic.partitions]
+
+
+def _forgotten(body, by_id: bool) -> list[tuple]:
+    return [(topic.topic_id if by_id else topic.topic, index)
+            for topic in getattr(body, "forgotten_topics_data", None) or ()
+            for index in topic.partitions]
+
+
+def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
+             by_id: bool) -> list[_Wanted]:
     state = ctx.broker
     wanted = []
-    for topic in body.topics:
-        by_id = hasattr(topic, "topic_id")
-        info = state.topic_by_id(topic.topic_id) if by_id else state.topic(topic.topic)
-        key = topic.topic_id if by_id else topic.topic
-        for p in topic.partitions:
-            item = _Wanted(key, p.partition, p.fetch_offset, p.partition_max_bytes, None)
-            name = info.name if info is not None else (None if by_id else topic.topic)
-            if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
-                item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
-            elif info is None:
-                item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
-            elif (partition := state.partition(info.name, p.partition)) is None:
-                item.error_code = ErrorCode.unknown_topic_or_partition
-            elif state.leader(info, p.partition) != ctx.node_id:
-                item.error_code = ErrorCode.not_leader_or_follower
-            else:
-                item.partition = partition
-            wanted.append(item)
+    infos: dict[object, object] = {}
+    for (key, index), fetch_offset, max_bytes in requested:
+        if key not in infos:
+            infos[key] = state.topic_by_id(key) if by_id else state.topic(key)
+        info = infos[key]
+        item = _Wanted(key, index, fetch_offset, max_bytes, None, by_id=by_id)
+        name = info.name if info is not None else (None if by_id else key)
+        if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
+            item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
+        elif info is None:
+            item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+        elif (partition := state.partition(info.name, index)) is None:
+            item.error_code = ErrorCode.unknown_topic_or_partition
+        elif (leader := state.leader(info, index)) != ctx.node_id:
+            item.error_code = ErrorCode.not_leader_or_follower
+            item.leader, item.leader_epoch = leader, state.cluster.leader_epoch
+        else:
+            item.partition = partition
+            item.topic_id = info.topic_id
+        wanted.append(item)
     return wanted
 
 
@@ -107,6 +149,9 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
         partition = item.partition
         if partition is None:
             errors = True
+            if item.leader >= 0:   # v12+ (tagged): the new leader, so no Metadata round trip
+                response["current_leader"] = {"leader_id": item.leader,
+                                              "leader_epoch": item.leader_epoch}
             responses.append(response)
             continue
         log = partition.log
@@ -121,6 +166,12 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
             records = log.read(item.fetch_offset, max(budget, 1), upper) if total == 0 or budget > 0 else b""
         except OffsetOutOfRange:
             response["error_code"] = ErrorCode.offset_out_of_range
+            errors = True
+            records = b""
+        except LogClosedError:   # deleted between the check and the read
+            item.lose()
+            response.update(error_code=item.error_code, high_watermark=-1,
+                            last_stable_offset=-1, log_start_offset=-1)
             errors = True
             records = b""
         response["records"] = records
@@ -147,6 +198,17 @@ async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
             partition.waiters.discard(waiter)
 
 
+def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
+    """After a wait: partitions whose topic was deleted (or deleted and created again
+    under a new id) are answered with an error instead of read from a closed log."""
+    for item in wanted:
+        if item.partition is None:
+            continue
+        info = ctx.broker.topic(item.partition.topic)
+        if info is None or info.topic_id != item.topic_id:
+            item.lose()
+
+
 def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[dict]:
     topics: dict[object, list[dict]] = {}
     for item, response in zip(wanted, responses):
@@ -155,23 +217,77 @@ def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[di
     return [{key: k, "partitions": parts} for k, parts in topics.items()]
 
 
+_CACHES: weakref.WeakKeyDictionary[object, FetchSessionCache] = weakref.WeakKeyDictionary()
+
+
+def session_cache(state) -> FetchSessionCache:
+    """The broker's fetch session cache (one per broker state)."""
+    cache = _CACHES.get(state)
+    if cache is None:
+        cache = _CACHES[state] = FetchSessionCache(state.config.fetch_session_cache_slots)
+    return cache
+
+
+def _session_error(error: ErrorCode) -> dict:
+    return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
+
+
 @handles(ApiKey.FETCH)
 async def fetch(ctx: RequestContext, body) -> dict:
-    session_epoch = getattr(body, "session_epoch", -1)
-    if getattr(body, "session_id", 0) != 0 or session_epoch not in SESSIONLESS_EPOCHS:
-        return {"throttle_time": 0, "error_code": ErrorCode.fetch_session_id_not_found,
-                "session_id": 0, "responses": []}
+    by_id = ctx.api_version >= TOPIC_ID_VERSION
+    session_id = getattr(body, "session_id", 0)
+    session_epoch = getattr(body, "session_epoch", FINAL_EPOCH)
+    cache = session_cache(ctx.broker)
+    session = None
+    requested = _requested(body, by_id)
+    if session_epoch in (INITIAL_EPOCH, FINAL_EPOCH):   # a full fetch
+        if session_id != 0:
+            cache.remove(session_id)
+    else:                                                # an incremental fetch
+        session = cache.get(session_id, ctx.node_id)
+        if session is None:
+            return _session_error(ErrorCode.fetch_session_id_not_found)
+        if session.epoch != session_epoch:
+            return _session_error(ErrorCode.invalid_fetch_session_epoch)
+        if session.by_id != by_id:
+            return _session_error(ErrorCode.fetch_session_topic_id_error)
+        session.update(requested, _forgotten(body, by_id))
+        session.epoch = next_epoch(session_epoch)
+        requested = [(key, c.fetch_offset, c.partition_max_bytes)
+                     for key, c in session.partitions.items()]
     isolation = getattr(body, "isolation_level", READ_UNCOMMITTED)
     max_bytes = getattr(body, "max_bytes", 2**31 - 1)
     wait_ms = min(int(body.max_wait.total_seconds() * 1000), FETCH_WAIT_MS_MAX)
     deadline = time.monotonic() + wait_ms / 1000
-    wanted = _resolve(ctx, body)
+    wanted = _resolve(ctx, requested, by_id)
     while True:
         responses, total, errors = _read_all(wanted, isolation, max_bytes)
         remaining_s = deadline - time.monotonic()
         if total >= body.min_bytes or errors or remaining_s <= 0 or not wanted:
             break
         await _wait_for_data(wanted, remaining_s)
-    by_id = bool(body.topics) and hasattr(body.topics[0], "topic_id")
-    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
-            "responses": _group(wanted, responses, by_id)}
+        _drop_gone(ctx, wanted)
+    if session_epoch == INITIAL_EPOCH:
+        session = cache.create(ctx.node_id, by_id, requested)
+    if session is not None:
+        answered = [(item, response) for item, response in zip(wanted, responses)
+                    if session.must_answer(
+                        (item.topic_key, item.index), error=response["error_code"] != ErrorCode.none,
+                        has_records=bool(response["records"]),
+                        high_watermark=response["high_watermark"],
+                        last_stable_offset=response["last_stable_offset"],
+                        log_start_offset=response["log_start_offset"])]
+        if session_epoch != INITIAL_EPOCH:   # incremental: only what changed
+            wanted = [item for item, _ in answered]
+            responses = [response for _, response in answered]
+    return {"throttle_time": 0, "error_code": ErrorCode.none,
+            "session_id": 0 if session is None else session.session_id,
+            "responses": _group(wanted, responses, by_id),
+            "node_endpoints": _leader_endpoints(ctx, wanted)}
+
+
+def _leader_endpoints(ctx: RequestContext, wanted: list[_Wanted]) -> list[dict]:
+    """v16+: the addresses of the leaders named in NOT_LEADER_OR_FOLLOWER answers (KIP-951),
+    on the listener the request came in on."""
+    leaders = {item.leader for item in wanted if item.leader >= 0}
+    return [b for b in brokers(ctx.broker, ctx.listener) if b["node_id"] in leaders]

@@ -1,6 +1,12 @@
 """ListOffsets: earliest, latest, max timestamp, or the first offset at a timestamp.
 
 "Latest" is the high watermark, or the last stable offset under read_committed.
+Each special timestamp needs a request version that knows it, else that partition
+answers UNSUPPORTED_VERSION, as Kafka does: LATEST/EARLIEST v1+, MAX_TIMESTAMP (-3) v7+,
+EARLIEST_LOCAL (-4) v8+ (the log start offset: every segment is local), LATEST_TIERED
+(-5) v9+ (offset -1 and leader epoch -1: nothing is tiered, as Kafka answers without
+remote storage); other negative timestamps are UNSUPPORTED_VERSION too. v10 only adds
+a timeout for remote lookups, which never wait here.
 A topic the principal may not Describe is TOPIC_AUTHORIZATION_FAILED (issue 13).
 """
 
@@ -13,7 +19,9 @@ from onceflow.broker.handlers.fetch import READ_COMMITTED, last_stable_offset
 from onceflow.security.acl import Operation, ResourceType
 
 # Special timestamps of ListOffsets (Kafka's ListOffsetsRequest).
-LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
+# The first request version that knows each special timestamp.
+SPECIAL_SINCE = {LATEST: 1, EARLIEST: 1, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
 
 
 def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
@@ -22,12 +30,16 @@ def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
               "timestamp": -1, "offset": -1, "leader_epoch": state.cluster.leader_epoch}
     if not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, topic):
         return {**result, "error_code": ErrorCode.topic_authorization_failed}
+    if p.timestamp < 0 and ctx.api_version < SPECIAL_SINCE.get(p.timestamp, 2**15):
+        return {**result, "error_code": ErrorCode.unsupported_version}   # before existence
     info = state.topic(topic)
     partition = state.partition(topic, p.partition_index) if info else None
     if partition is None:
         return {**result, "error_code": ErrorCode.unknown_topic_or_partition}
     if state.leader(info, p.partition_index) != ctx.node_id:
         return {**result, "error_code": ErrorCode.not_leader_or_follower}
+    if p.timestamp == LATEST_TIERED:
+        return {**result, "leader_epoch": -1}
     log = partition.log
     if p.timestamp == LATEST:
         offset = last_stable_offset(partition) if isolation == READ_COMMITTED else partition.high_watermark

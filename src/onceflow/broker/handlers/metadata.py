@@ -7,6 +7,8 @@ topics are never auto-created.
 
 from __future__ import annotations
 
+import uuid
+
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
@@ -18,6 +20,7 @@ from onceflow.storage.store import TopicInfo
 
 # Kafka's sentinel for "authorized operations not requested".
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+_ZERO_ID = uuid.UUID(int=0)
 
 
 def brokers(state: BrokerState, listener: str | None = None) -> list[dict]:
@@ -60,7 +63,7 @@ def _lookup(ctx: RequestContext, requested, allow_create: bool) -> dict:
     state = ctx.broker
     name = getattr(requested, "name", None)
     topic_id = getattr(requested, "topic_id", None)
-    if name is None and topic_id is not None:
+    if topic_id is not None and topic_id != _ZERO_ID:
         info = state.topic_by_id(topic_id)
         if info is not None and not ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC,
                                                    info.name):
@@ -98,6 +101,7 @@ async def metadata(ctx: RequestContext, body) -> dict:
             for t in topics]
     return {
         "throttle_time": 0,
+        "error_code": ErrorCode.none,
         "brokers": brokers(state, ctx.listener),
         "cluster_id": state.config.cluster_id,
         "controller_id": state.cluster.controller_id,

@@ -267,13 +267,22 @@ def _authorization_error(ctx: RequestContext, body) -> ErrorCode | None:
     return None
 
 
+def _topic_name(ctx: RequestContext, topic) -> str | None:
+    """The topic's name: v13+ names topics by id (None when the id is unknown)."""
+    if hasattr(topic, "name"):
+        return topic.name
+    info = ctx.broker.topic_by_id(topic.topic_id)
+    return None if info is None else info.name
+
+
 def _to_add(ctx: RequestContext, body) -> tuple[list[TopicPartition], int, int]:
     """Transactions V2: the partitions of transactional batches that the producer's
     transaction does not hold yet (the broker adds them), and the producer id and epoch."""
     wanted, producer = [], (-1, -1)
     for topic in body.topic_data:
+        name = _topic_name(ctx, topic)
         for data in topic.partition_data:
-            partition = ctx.broker.partition(topic.name, data.index)
+            partition = None if name is None else ctx.broker.partition(name, data.index)
             if partition is None or not data.records:
                 continue
             try:
@@ -285,7 +294,7 @@ def _to_add(ctx: RequestContext, body) -> tuple[list[TopicPartition], int, int]:
                                                                    header.producer_epoch):
                 continue
             producer = (header.producer_id, header.producer_epoch)
-            wanted.append(TopicPartition(topic.name, data.index))
+            wanted.append(TopicPartition(name, data.index))
     return wanted, *producer
 
 
@@ -314,7 +323,7 @@ async def _add_implicitly(ctx: RequestContext, body) -> tuple[dict, asyncio.Futu
 @handles(ApiKey.PRODUCE)
 async def produce(ctx: RequestContext, body) -> dict | None:
     acks = body.acks
-    per_topic: list[tuple[str, list[_Outcome]]] = []
+    per_topic: list[tuple[object, list[_Outcome]]] = []   # (request topic, outcomes)
     all_outcomes: list[_Outcome] = []
     whole_request_error = _request_error(body) or _authorization_error(ctx, body)
     refused: dict[TopicPartition, ErrorCode] = {}
@@ -324,19 +333,23 @@ async def produce(ctx: RequestContext, body) -> dict | None:
         refused, gate = await _add_implicitly(ctx, body)
     try:
         for topic in body.topic_data:
+            name = _topic_name(ctx, topic)
             if whole_request_error is not None:
                 outcomes = [_Outcome(p.index, whole_request_error) for p in topic.partition_data]
             elif acks not in (ACKS_NONE, ACKS_LEADER, ACKS_ALL):
                 outcomes = [_Outcome(p.index, ErrorCode.invalid_required_acks)
                             for p in topic.partition_data]
-            elif not ctx.authorized(Operation.WRITE, ResourceType.TOPIC, topic.name):
+            elif name is None:   # v13+: an id no topic has
+                outcomes = [_Outcome(p.index, ErrorCode.unknown_topic_id)
+                            for p in topic.partition_data]
+            elif not ctx.authorized(Operation.WRITE, ResourceType.TOPIC, name):
                 outcomes = [_Outcome(p.index, ErrorCode.topic_authorization_failed)
                             for p in topic.partition_data]
             else:
-                outcomes = [_append(ctx, topic.name, p, body.transactional_id, refused)
+                outcomes = [_append(ctx, name, p, body.transactional_id, refused)
                             for p in topic.partition_data]
             all_outcomes += outcomes
-            per_topic.append((topic.name, outcomes))
+            per_topic.append((topic, outcomes))
     finally:
         if gate is not None:  # appended: the producer's next request may go
             ctx.txns.close_gate(body.transactional_id, gate)
@@ -344,6 +357,7 @@ async def produce(ctx: RequestContext, body) -> dict | None:
         return None
     if acks == ACKS_ALL:
         await _flush(ctx, all_outcomes)
-    results = [{"name": name, "partition_responses": [o.response() for o in outcomes]}
-               for name, outcomes in per_topic]
+    results = [{"name": getattr(topic, "name", None), "topic_id": getattr(topic, "topic_id", None),
+                "partition_responses": [o.response() for o in outcomes]}
+               for topic, outcomes in per_topic]
     return {"responses": results, "throttle_time": 0}
