@@ -148,6 +148,28 @@ def test_legacy_alter_replaces_all(onceflow_broker, admin):
     assert configs["retention.bytes"].value == "-1"
 
 
+def test_confluent_kafka_legacy_alter_configs(admin):
+    """confluent-kafka's (deprecated) alter_configs sends AlterConfigs: the resource's
+    configs become exactly the ones given."""
+    name = _name("ck-legacy")
+    _create(admin, name, {"retention.ms": "3600000"})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name,
+                              set_config={"segment.ms": "7200000", "cleanup.policy": "compact"})
+    with pytest.warns(DeprecationWarning):
+        futures = admin.alter_configs([resource], request_timeout=TIMEOUT_S)
+    futures[resource].result(TIMEOUT_S)
+    configs = _describe(admin, name)
+    assert (configs["segment.ms"].value, configs["cleanup.policy"].value) == ("7200000", "compact")
+    assert configs["segment.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    bad = ConfigResource(ConfigResource.Type.TOPIC, name, set_config={"segment.ms": "soon"})
+    with pytest.warns(DeprecationWarning):
+        failed = admin.alter_configs([bad], request_timeout=TIMEOUT_S)[bad]
+    with pytest.raises(KafkaException, match="segment.ms"):
+        failed.result(TIMEOUT_S)
+    assert _describe(admin, name)["segment.ms"].value == "7200000"
+
+
 LOGGER = "onceflow.broker.handlers.loggers"
 
 
