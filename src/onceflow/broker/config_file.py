@@ -100,6 +100,7 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "socket.request.max.bytes": ("frame_bytes_max", _int(1)),
     "log.retention.check.interval.ms": ("retention_check_interval_ms", _int(1)),
     "log.cleaner.enable": ("log_cleaner_enable", _bool),
+    "log.max.open.files": ("log_max_open_files", _int(1)),  # onceflow's own key
     "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", _int(1)),
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _int(1024)),
     "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second",

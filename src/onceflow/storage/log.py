@@ -122,6 +122,8 @@ class PartitionLog:
         self._recovery_point = segments[-1].next_offset
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        for seg in segments:
+            seg.guard = self._lock  # lets the open-files LRU close idle segments' fds
         self._dir_dirty = False
         self._appended_bytes = 0  # total bytes appended since open
         self._checkpointed_bytes = 0  # _appended_bytes covered by the last state checkpoint
@@ -223,6 +225,7 @@ class PartitionLog:
         new = Segment.create(
             self.directory, old.next_offset, config.index_interval_bytes, index_entries_max(config)
         )
+        new.guard = self._lock
         self._segments = self._segments + [new]  # copy-on-write: iterators keep their snapshot
         self._bases = self._bases + [new.base_offset]
         self._dir_dirty = True
@@ -551,6 +554,7 @@ class PartitionLog:
                                         config.index_interval_bytes, index_entries_max(config))
             if not new.load_trusted(now_ms):
                 raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
+            new.guard = self._lock
             self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
             old.close()
             return new.size_bytes

@@ -155,7 +155,23 @@ class Store:
             )
             self._topics[name] = info
             self._save_meta_or_undo(lambda: self._topics.pop(name))
-            self._open_partitions(info, range(num_partitions))
+            try:
+                self._open_partitions(info, range(num_partitions))
+            except OSError:
+                # Out of descriptors or disk: drop the half-made topic so that its open
+                # logs do not keep the broker out of descriptors, then report the error.
+                del self._topics[name]
+                self._deleting[name] = info
+                for index in range(num_partitions):  # first, to give the descriptors back
+                    log = self._logs.pop((name, index), None)
+                    if log is not None:
+                        log.discard()
+                try:
+                    self._save_meta()
+                    self._finish_delete(info)
+                except OSError:
+                    pass  # left marked deleting: finished at the next open or create
+                raise
             return info
 
     def delete_topic(self, name: str) -> None:

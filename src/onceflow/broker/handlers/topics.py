@@ -60,7 +60,11 @@ def create_topic(
     _check_new_topic(state, name, partitions, rf, configs)
     if validate_only:
         return None
-    return state.store.create_topic(name, partitions, configs, replication_factor=rf)
+    try:
+        return state.store.create_topic(name, partitions, configs, replication_factor=rf)
+    except OSError as exc:  # EMFILE, ENOSPC ...: an error on this topic, not a closed socket
+        raise TopicError(ErrorCode.kafka_storage_error,
+                         f"Creating the logs of '{name}' failed: {exc.strerror}") from exc
 
 
 def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
