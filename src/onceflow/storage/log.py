@@ -64,6 +64,7 @@ from onceflow.storage.layout import (
 from onceflow.storage.recovery import (
     RecoveryReport,
     index_entries_max,
+    create_log_files,
     load_segments,
     take_dirty_fds,
 )
@@ -415,7 +416,7 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
-    def _write_state(self, clean: bool) -> None:
+    def _write_state(self, clean: bool, fsync: bool = True) -> None:
         """Persists log start and recovery point (caller holds _flush_lock)."""
         with self._lock:
             active = self._segments[-1]
@@ -423,7 +424,7 @@ class PartitionLog:
                 self._log_start, self._recovery_point, clean, active.next_offset, active.size_bytes
             )
         try:
-            write_partition_state(self.directory, state)
+            write_partition_state(self.directory, state, fsync)
         except OSError as exc:
             with self._lock:
                 self._fail(exc, "state checkpoint")
@@ -602,6 +603,22 @@ class PartitionLog:
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
             log._write_state(clean=False)  # from here on, a crash means an unclean stop
+        return log
+
+    @classmethod
+    def create(cls, directory: Path, config: LogConfig) -> PartitionLog:
+        """A new empty log in a new `directory` (which must not exist), without fsyncs:
+        see `create_log_files`. The caller fsyncs `directory.parent` before acknowledging
+        the creation; the first flush fsyncs `directory`."""
+        segments, log_start, report = create_log_files(directory, config)
+        log = cls(directory, config, segments, log_start, report)
+        log._dir_dirty = True
+        try:
+            with log._flush_lock:
+                log._write_state(clean=False, fsync=False)
+        except LogFailedError:
+            log.discard()  # gives its descriptor back (the caller removes the directory)
+            raise
         return log
 
 

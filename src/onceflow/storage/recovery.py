@@ -96,6 +96,16 @@ def load_segments(
     return _load(directory, config, bases, state, now_ms)
 
 
+def create_log_files(directory: Path, config: LogConfig) -> tuple[list[Segment], int, RecoveryReport]:
+    """A new, empty log in a new `directory`, with no fsync at all (bulk creation): nothing
+    in it is acknowledged yet, a crash that loses it leaves a missing or empty log that the
+    next open recreates, and the log's first flush fsyncs the directory (the caller sets
+    it dirty); the caller fsyncs the parent once for all the logs it created."""
+    directory.mkdir(parents=True)
+    segment = Segment.create(directory, 0, config.index_interval_bytes, index_entries_max(config))
+    return [segment], 0, RecoveryReport(False, 0, 0, 0, 0, None)
+
+
 def _clean_directory(directory: Path) -> list[int]:
     """Removes temp files and indexes without a .log; returns the segment base offsets."""
     names = os.listdir(directory)

@@ -37,6 +37,7 @@ from onceflow.storage.layout import (
     CorruptFileError,
     InvalidPartitionsError,
     InvalidTopicError,
+    LogFailedError,
     TopicExistsError,
     UnknownTopicError,
     fsync_dir,
@@ -156,8 +157,8 @@ class Store:
             self._topics[name] = info
             self._save_meta_or_undo(lambda: self._topics.pop(name))
             try:
-                self._open_partitions(info, range(num_partitions))
-            except OSError:
+                self._open_partitions(info, range(num_partitions), new=True)
+            except (OSError, LogFailedError):
                 # Out of descriptors or disk: drop the half-made topic so that its open
                 # logs do not keep the broker out of descriptors, then report the error.
                 del self._topics[name]
@@ -169,7 +170,7 @@ class Store:
                 try:
                     self._save_meta()
                     self._finish_delete(info)
-                except OSError:
+                except (OSError, LogFailedError):
                     pass  # left marked deleting: finished at the next open or create
                 raise
             return info
@@ -194,7 +195,8 @@ class Store:
                 )
             self._topics[name] = dataclasses.replace(info, num_partitions=total_count)
             self._save_meta_or_undo(lambda: self._topics.__setitem__(name, info))
-            self._open_partitions(self._topics[name], range(info.num_partitions, total_count))
+            self._open_partitions(self._topics[name], range(info.num_partitions, total_count),
+                                  new=True)
 
     def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         """Replaces the topic's config overrides with `configs` (InvalidConfigError)."""
@@ -235,11 +237,19 @@ class Store:
     def _partition_dir(self, topic: str, index: int) -> Path:
         return self.data_dir / f"{topic}-{index}"
 
-    def _open_partitions(self, info: TopicInfo, indexes: range) -> None:
+    def _open_partitions(self, info: TopicInfo, indexes: range, new: bool = False) -> None:
+        """Opens (recovers) the logs; `new`: the partitions were just created, so their
+        directories are made without per-log fsyncs and the data dir is fsync'd once."""
         config = self._config_of(info.configs)
         for index in indexes:
             path = self._partition_dir(info.name, index)
-            self._logs[(info.name, index)] = PartitionLog.open(path, config, self._now_ms)
+            if new and not path.exists():
+                log = PartitionLog.create(path, config)
+            else:
+                log = PartitionLog.open(path, config, self._now_ms)
+            self._logs[(info.name, index)] = log
+        if new:
+            fsync_dir(self.data_dir)
 
     def _finish_delete(self, info: TopicInfo) -> None:
         """Removes the directories of a topic marked deleting, then its metadata entry."""

@@ -14,6 +14,7 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.handlers.configs import describe_topic_configs, topic_config_error
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, topic_name_error
+from onceflow.storage.layout import LogFailedError
 from onceflow.storage.store import TopicInfo
 
 # A bound on what a peer can make us allocate: Kafka has no hard limit, but each
@@ -62,9 +63,10 @@ def create_topic(
         return None
     try:
         return state.store.create_topic(name, partitions, configs, replication_factor=rf)
-    except OSError as exc:  # EMFILE, ENOSPC ...: an error on this topic, not a closed socket
+    except (OSError, LogFailedError) as exc:  # EMFILE, ENOSPC ...: not a closed socket
+        reason = exc.strerror if isinstance(exc, OSError) else "storage error"
         raise TopicError(ErrorCode.kafka_storage_error,
-                         f"Creating the logs of '{name}' failed: {exc.strerror}") from exc
+                         f"Creating the logs of '{name}' failed: {reason}") from exc
 
 
 def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
