@@ -68,9 +68,10 @@ class OpenFiles:
 
     def _evict_locked(self, keep: Evictable) -> None:
         excess = len(self._open) - self.files_max
-        for key, seg in list(self._open.items()):
-            if excess <= 0:
-                return
+        victims: list[int] = []
+        for key, seg in self._open.items():  # oldest first; stops once enough are closed
+            if len(victims) >= excess:
+                break
             guard = seg.guard
             if seg is keep or guard is None or not guard.acquire(blocking=False):
                 continue
@@ -78,8 +79,9 @@ class OpenFiles:
                 seg.release_fd()
             finally:
                 guard.release()
+            victims.append(key)
+        for key in victims:
             del self._open[key]
-            excess -= 1
 
     def set_files_max(self, files_max: int) -> None:
         if files_max < 1:

@@ -98,7 +98,16 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
 @handles(ApiKey.CREATE_TOPICS)
 async def create_topics(ctx: RequestContext, body) -> dict:
     validate_only = getattr(body, "validate_only", False)
-    return {"throttle_time": 0, "topics": [_create_one(ctx, t, validate_only) for t in body.topics]}
+    results: list[dict] = []
+    try:
+        with ctx.broker.store.batch():  # one metadata write and fsync for the request
+            results.extend(_create_one(ctx, t, validate_only) for t in body.topics)
+    except (OSError, LogFailedError):  # the one write failed: none of the new topics exists
+        for result in results:
+            if result["error_code"] == ErrorCode.none and not validate_only:
+                result.update(error_code=ErrorCode.kafka_storage_error, topic_id=None,
+                              error_message="Writing the topic metadata failed.")
+    return {"throttle_time": 0, "topics": results}
 
 
 def _delete_one(ctx: RequestContext, name, topic_id) -> dict:
