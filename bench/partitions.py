@@ -33,10 +33,33 @@ def broker_figures(pid: int) -> tuple[int, int]:
     return fds, rss_kib
 
 
+def time_restart(broker: BrokerProcess, total: int) -> None:
+    """kill -9, restart on the same data dir; time until listening and until Metadata lists
+    every partition with a leader."""
+    broker.kill()
+    start = time.monotonic()
+    broker.start()  # returns once the broker prints that it listens
+    listening_s = time.monotonic() - start
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    while True:
+        metadata = admin.list_topics(timeout=TIMEOUT_S)
+        led = sum(1 for t in metadata.topics.values() for p in t.partitions.values()
+                  if p.leader >= 0 and not t.topic.startswith("__"))
+        if led >= total or time.monotonic() - start > TIMEOUT_S:
+            break
+    assert broker.process is not None
+    fds, rss_kib = broker_figures(broker.process.pid)
+    print(f"after kill -9: listening in {listening_s:.2f} s, Metadata with {led} led "
+          f"partitions in {time.monotonic() - start:.2f} s; broker fds {fds}, "
+          f"RSS {rss_kib / 1024:.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=10)
+    parser.add_argument("--restart", action="store_true",
+                        help="then kill -9 the broker, restart it and time Metadata")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-partitions-") as base:
         broker = BrokerProcess(Path(base) / "data").start()
@@ -60,6 +83,8 @@ def main() -> None:
             listed = sum(len(t.partitions) for t in metadata.topics.values())
             print(f"metadata for all topics ({listed} partitions): "
                   f"{time.monotonic() - start:.2f} s")
+            if args.restart:
+                time_restart(broker, total)
         finally:
             if broker.process is not None and broker.process.poll() is None:
                 broker.process.send_signal(signal.SIGTERM)

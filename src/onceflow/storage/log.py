@@ -55,10 +55,12 @@ from typing import NamedTuple
 from onceflow.storage.config import LogConfig
 from onceflow.storage.layout import (
     BatchHeader,
+    CorruptFileError,
     LogClosedError,
     LogFailedError,
     OffsetOutOfRange,
     PartitionState,
+    read_partition_state,
     write_partition_state,
 )
 from onceflow.storage.recovery import (
@@ -598,11 +600,19 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
         """Opens (creating if needed) and recovers the log in `directory`."""
+        # Only a state file that says "clean" must be durably overwritten before appends: one
+        # that already says "unclean" (after a crash) stays a safe answer if the rewrite is
+        # lost, so restarting after kill -9 costs no fsync per partition.
+        try:
+            prior = read_partition_state(directory)
+        except CorruptFileError:
+            prior = None
         segments, log_start, report = load_segments(directory, config, now_ms)
         log = cls(directory, config, segments, log_start, report)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
-            log._write_state(clean=False)  # from here on, a crash means an unclean stop
+            # from here on, a crash means an unclean stop
+            log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
         return log
 
     @classmethod

@@ -148,8 +148,10 @@ def _load(
     clean = clean and not scanned
     log_start = state.log_start_offset if state is not None else (bases[0] if bases else 0)
     segments, dropped = _apply_log_start(directory, config, segments, log_start)
-    if scanned:
-        _sync_recovered([s for s in scanned if not s.closed], directory)
+    live = [s for s in scanned if not s.closed]
+    # Scanned empty segments with nothing truncated have nothing only in the page cache.
+    if any(s.size_bytes > 0 for s in live) or report.bytes_truncated or report.segments_dropped:
+        _sync_recovered(live, directory)
     if report.bytes_truncated or report.segments_dropped:
         logger.warning(
             "%s: recovery truncated %d bytes, dropped %d segments: %s",
