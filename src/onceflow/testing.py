@@ -52,8 +52,10 @@ def _is_free(port: int) -> bool:
 class BrokerProcess:
     """`onceflow broker` in a child process, restartable on the same dir and port."""
 
-    def __init__(self, data_dir: Path, *, nodes: int = 1, port: int | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, *, nodes: int = 1, port: int | None = None, args: tuple[str, ...] = (),
+                 preexec_fn=None) -> None:
         self.data_dir = Path(data_dir)
+        self.preexec_fn = preexec_fn  # runs in the child before exec (e.g. resource limits)
         self.nodes = nodes
         self.port = port or free_port(nodes)
         self.args = args
@@ -69,7 +71,8 @@ class BrokerProcess:
         command = [sys.executable, "-m", "onceflow", "broker", "--data-dir", str(self.data_dir),
                    "--port", str(self.port), "--nodes", str(self.nodes), *self.args]
         log = open(self.log_path, "a")
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
+                                        preexec_fn=self.preexec_fn)
         log.close()
         self._wait_ready()
         return self

@@ -266,3 +266,40 @@ def test_sigkill_loses_no_flushed_offset(tmp_path):
         assert len(log._segments) > 1
     finally:
         log.close()
+
+
+def test_crash_after_a_clean_restart_is_recovered(open_log, tmp_path):
+    """A clean shutdown, a restart (the state now says unclean), more appends past the
+    recovery point, a torn tail, kill -9: the next open rescans and truncates the tail."""
+    log = open_log(CONFIG)
+    stored = fill(log, n=10)
+    log.close()
+    restarted = open_log(CONFIG)
+    assert restarted.recovery.clean_shutdown
+    assert not read_partition_state(tmp_path / "t-0").clean_shutdown
+    stored += fill(restarted, n=10)
+    crash(restarted)
+    path = last_log_file(tmp_path / "t-0")
+    with open(path, "ab") as f:
+        f.write(stored[-1][: len(stored[-1]) // 2])  # a torn batch past the valid end
+    reopened = open_log(CONFIG)
+    assert not reopened.recovery.clean_shutdown
+    assert reopened.recovery.bytes_truncated == len(stored[-1]) // 2
+    assert_log_is(reopened, stored)
+
+
+def test_crash_after_a_crash_is_fully_recovered(open_log, tmp_path):
+    """kill -9 twice in a row (the second open writes its unclean state without fsync):
+    every appended batch is back and a torn tail is cut."""
+    log = open_log(CONFIG)
+    stored = fill(log, n=10)
+    crash(log)
+    again = open_log(CONFIG)
+    stored += fill(again, n=5)
+    crash(again)
+    path = last_log_file(tmp_path / "t-0")
+    with open(path, "ab") as f:
+        f.write(b"\x00" * 7)
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.bytes_truncated == 7
+    assert_log_is(reopened, stored)

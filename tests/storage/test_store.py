@@ -198,3 +198,39 @@ def test_compaction_lags_must_be_ordered():
 def test_every_listed_default_is_valid():
     for name, key in TOPIC_CONFIGS.items():
         validate_topic_configs({name: key.default})
+
+
+def test_batch_saves_topics_once_at_the_end(tmp_path, monkeypatch):
+    store = Store(tmp_path, NOW_MS)
+    saves = []
+    real_save = store._save_meta
+    monkeypatch.setattr(store, "_save_meta", lambda: (saves.append(1), real_save()))
+    with store.batch():
+        for i in range(5):
+            store.create_topic(f"bulk-{i}", 3, {})
+        assert saves == []  # nothing written before the block ends
+    assert saves == [1]
+    store.partition("bulk-4", 2).append([memoryview(make_batch(2))], NOW_MS)
+    store.close()
+    reopened = Store(tmp_path, NOW_MS)
+    assert {f"bulk-{i}" for i in range(5)} <= set(reopened.topics())
+    assert reopened.partition("bulk-4", 2).log_end_offset == 2
+    reopened.close()
+
+
+def test_batch_whose_write_fails_removes_its_topics(tmp_path, monkeypatch):
+    store = Store(tmp_path, NOW_MS)
+    store.create_topic("before", 1, {})
+
+    def failing_save():
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        with store.batch():
+            store.create_topic("lost", 2, {})
+            monkeypatch.setattr(store, "_save_meta", failing_save)
+    monkeypatch.undo()
+    assert set(store.topics()) == {"before"}
+    assert not (tmp_path / "lost-0").exists()
+    store.close()
+    assert set(Store(tmp_path, NOW_MS).topics()) == {"before"}

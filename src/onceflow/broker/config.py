@@ -50,6 +50,9 @@ class BrokerConfig:
     # Topic config defaults from the broker's log.* keys (log.retention.hours=1 gives
     # ("retention.ms", "3600000")), under every topic's own configs; see config_file.py.
     log_defaults: tuple[tuple[str, str], ...] = ()
+    # log.max.open.files: onceflow's own key (Kafka keeps every segment open): at most this
+    # many segment files open at once; idle ones are closed and reopened on use.
+    log_max_open_files: int = 1000
     static_keys: frozenset[str] = frozenset()  # Kafka keys set by --config (DescribeConfigs)
     fetch_session_cache_slots: int = 1000   # max.incremental.fetch.session.cache.slots
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms (1 day)

@@ -102,6 +102,7 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "quota.window.num": ("quota_window_num", _int(1)),
     "quota.window.size.seconds": ("quota_window_size_seconds", _int(1)),
     "log.cleaner.enable": ("log_cleaner_enable", _bool),
+    "log.max.open.files": ("log_max_open_files", _int(1)),  # onceflow's own key
     "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", _int(1)),
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _int(1024)),
     "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second",

@@ -32,6 +32,7 @@ import asyncio
 import dataclasses
 import logging
 import re
+import resource
 import time
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from onceflow.protocol.records import EndTxnMarker, end_txn_marker
 from onceflow.storage.group_commit import GroupCommitter
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import AppendInfo, PartitionLog, RetentionResult
+from onceflow.storage.open_files import OPEN_FILES
 from onceflow.storage.producer_ids import ProducerIdAllocator
 from onceflow.storage.producer_state import (
     AppendOrigin,
@@ -164,12 +166,27 @@ class PartitionState:
         self.waiters.clear()
 
 
+def raise_open_files_limit() -> int:
+    """Raises the soft RLIMIT_NOFILE to the hard limit (as a JVM does at start), so that
+    sockets and segment files run out as late as the system allows. Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # RLIM_INFINITY hard limits on some systems
+            logger.warning("could not raise the open files limit from %d: %s", soft, exc)
+    return soft
+
+
 class BrokerState:
     def __init__(self, config: BrokerConfig, cluster: Cluster) -> None:
         self.config = config
         self.cluster = cluster
         Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         cluster.load_assignments(Path(config.data_dir))
+        raise_open_files_limit()
+        OPEN_FILES.set_files_max(config.log_max_open_files)
         self.store = Store(Path(config.data_dir), now_ms(),
                            log_defaults=dict(config.log_defaults))
         self.committer = GroupCommitter(fsync_enabled=config.fsync)

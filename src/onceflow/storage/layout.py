@@ -294,7 +294,7 @@ def read_checked_file(path: Path, magic: bytes, versions: tuple[int, ...]) -> tu
     return version, payload
 
 
-def write_partition_state(directory: Path, state: PartitionState) -> None:
+def write_partition_state(directory: Path, state: PartitionState, fsync: bool = True) -> None:
     payload = PARTITION_STATE.pack(
         state.log_start_offset,
         state.recovery_point_offset,
@@ -303,7 +303,7 @@ def write_partition_state(directory: Path, state: PartitionState) -> None:
         state.active_segment_bytes,
     )
     path = directory / PARTITION_STATE_FILE
-    write_checked_file(path, PARTITION_STATE_MAGIC, PARTITION_STATE_VERSION, payload)
+    write_checked_file(path, PARTITION_STATE_MAGIC, PARTITION_STATE_VERSION, payload, fsync)
 
 
 def read_partition_state(directory: Path) -> PartitionState | None:

@@ -55,15 +55,18 @@ from typing import NamedTuple
 from onceflow.storage.config import LogConfig
 from onceflow.storage.layout import (
     BatchHeader,
+    CorruptFileError,
     LogClosedError,
     LogFailedError,
     OffsetOutOfRange,
     PartitionState,
+    read_partition_state,
     write_partition_state,
 )
 from onceflow.storage.recovery import (
     RecoveryReport,
     index_entries_max,
+    create_log_files,
     load_segments,
     take_dirty_fds,
 )
@@ -122,6 +125,8 @@ class PartitionLog:
         self._recovery_point = segments[-1].next_offset
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        for seg in segments:
+            seg.guard = self._lock  # lets the open-files LRU close idle segments' fds
         self._dir_dirty = False
         self._appended_bytes = 0  # total bytes appended since open
         self._checkpointed_bytes = 0  # _appended_bytes covered by the last state checkpoint
@@ -223,6 +228,7 @@ class PartitionLog:
         new = Segment.create(
             self.directory, old.next_offset, config.index_interval_bytes, index_entries_max(config)
         )
+        new.guard = self._lock
         self._segments = self._segments + [new]  # copy-on-write: iterators keep their snapshot
         self._bases = self._bases + [new.base_offset]
         self._dir_dirty = True
@@ -412,7 +418,7 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
-    def _write_state(self, clean: bool) -> None:
+    def _write_state(self, clean: bool, fsync: bool = True) -> None:
         """Persists log start and recovery point (caller holds _flush_lock)."""
         with self._lock:
             active = self._segments[-1]
@@ -420,7 +426,7 @@ class PartitionLog:
                 self._log_start, self._recovery_point, clean, active.next_offset, active.size_bytes
             )
         try:
-            write_partition_state(self.directory, state)
+            write_partition_state(self.directory, state, fsync)
         except OSError as exc:
             with self._lock:
                 self._fail(exc, "state checkpoint")
@@ -551,6 +557,7 @@ class PartitionLog:
                                         config.index_interval_bytes, index_entries_max(config))
             if not new.load_trusted(now_ms):
                 raise AssertionError(f"{new.log_path}: the rewritten segment does not load")
+            new.guard = self._lock
             self._segments = self._segments[:index] + [new] + self._segments[index + 1:]
             old.close()
             return new.size_bytes
@@ -593,11 +600,35 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
         """Opens (creating if needed) and recovers the log in `directory`."""
+        # Only a state file that says "clean" must be durably overwritten before appends: one
+        # that already says "unclean" (after a crash) stays a safe answer if the rewrite is
+        # lost, so restarting after kill -9 costs no fsync per partition.
+        try:
+            prior = read_partition_state(directory)
+        except CorruptFileError:
+            prior = None
         segments, log_start, report = load_segments(directory, config, now_ms)
         log = cls(directory, config, segments, log_start, report)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
-            log._write_state(clean=False)  # from here on, a crash means an unclean stop
+            # from here on, a crash means an unclean stop
+            log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
+        return log
+
+    @classmethod
+    def create(cls, directory: Path, config: LogConfig) -> PartitionLog:
+        """A new empty log in a new `directory` (which must not exist), without fsyncs:
+        see `create_log_files`. The caller fsyncs `directory.parent` before acknowledging
+        the creation; the first flush fsyncs `directory`."""
+        segments, log_start, report = create_log_files(directory, config)
+        log = cls(directory, config, segments, log_start, report)
+        log._dir_dirty = True
+        try:
+            with log._flush_lock:
+                log._write_state(clean=False, fsync=False)
+        except LogFailedError:
+            log.discard()  # gives its descriptor back (the caller removes the directory)
+            raise
         return log
 
 

@@ -96,6 +96,16 @@ def load_segments(
     return _load(directory, config, bases, state, now_ms)
 
 
+def create_log_files(directory: Path, config: LogConfig) -> tuple[list[Segment], int, RecoveryReport]:
+    """A new, empty log in a new `directory`, with no fsync at all (bulk creation): nothing
+    in it is acknowledged yet, a crash that loses it leaves a missing or empty log that the
+    next open recreates, and the log's first flush fsyncs the directory (the caller sets
+    it dirty); the caller fsyncs the parent once for all the logs it created."""
+    directory.mkdir(parents=True)
+    segment = Segment.create(directory, 0, config.index_interval_bytes, index_entries_max(config))
+    return [segment], 0, RecoveryReport(False, 0, 0, 0, 0, None)
+
+
 def _clean_directory(directory: Path) -> list[int]:
     """Removes temp files and indexes without a .log; returns the segment base offsets."""
     names = os.listdir(directory)
@@ -138,8 +148,10 @@ def _load(
     clean = clean and not scanned
     log_start = state.log_start_offset if state is not None else (bases[0] if bases else 0)
     segments, dropped = _apply_log_start(directory, config, segments, log_start)
-    if scanned:
-        _sync_recovered([s for s in scanned if not s.closed], directory)
+    live = [s for s in scanned if not s.closed]
+    # Scanned empty segments with nothing truncated have nothing only in the page cache.
+    if any(s.size_bytes > 0 for s in live) or report.bytes_truncated or report.segments_dropped:
+        _sync_recovered(live, directory)
     if report.bytes_truncated or report.segments_dropped:
         logger.warning(
             "%s: recovery truncated %d bytes, dropped %d segments: %s",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -63,6 +64,7 @@ from onceflow.storage.layout import (
     read_header,
     segment_path,
 )
+from onceflow.storage.open_files import OPEN_FILES
 from onceflow.storage.txn_index import TXN_INDEX_SUFFIX, TxnIndex
 
 # Relative offsets are stored as u32; like Kafka we keep them within a signed int so that any
@@ -185,7 +187,10 @@ class Segment:
     ):
         self.base_offset = base_offset
         self.log_path = segment_path(directory, base_offset, LOG_SUFFIX)
-        self.fd = -1
+        self._fd = -1  # open only while in the OPEN_FILES LRU; `fd` reopens it on demand
+        # The lock that guards every file access of this segment (its PartitionLog's); None
+        # while it has no owner, and then the LRU never closes its descriptor.
+        self.guard: threading.Lock | None = None
         self.offset_index = OffsetIndex(
             segment_path(directory, base_offset, INDEX_SUFFIX), index_entries_max
         )
@@ -210,7 +215,8 @@ class Segment:
         cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
     ) -> Segment:
         seg = cls(directory, base_offset, interval_bytes, index_entries_max)
-        seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        OPEN_FILES.touch(seg)
         seg.txn_index.path.unlink(missing_ok=True)  # an orphan of a deleted segment: stale
         seg.data_dirty = True
         return seg
@@ -220,9 +226,29 @@ class Segment:
         cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
     ) -> Segment:
         seg = cls(directory, base_offset, interval_bytes, index_entries_max)
-        seg.fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
+        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
+        OPEN_FILES.touch(seg)
         seg.txn_index.load()
         return seg
+
+    @property
+    def fd(self) -> int:
+        """The `.log` descriptor, reopened if the LRU closed it (caller holds `guard`).
+        Raises OSError (EMFILE, ENFILE) when no descriptor can be had."""
+        if self._fd < 0:
+            if self.closed:
+                raise ValueError(f"{self.log_path}: segment is closed")
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
+            OPEN_FILES.touch(self, reopened=True)
+        else:
+            OPEN_FILES.touch(self)
+        return self._fd
+
+    def release_fd(self) -> None:
+        """Closes the descriptor of an idle segment (OPEN_FILES holds `guard`)."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     @property
     def max_timestamp_ms(self) -> int:
@@ -574,7 +600,8 @@ class Segment:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            os.close(self.fd)
+            OPEN_FILES.forget(self)
+            self.release_fd()
             self.offset_index.close()
             self.time_index.close()
             self.txn_index.close()

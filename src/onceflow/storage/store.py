@@ -21,6 +21,7 @@ All methods take one lock; the broker calls them from its event loop.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,7 +29,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from onceflow.storage.layout import (
     CorruptFileError,
     InvalidPartitionsError,
     InvalidTopicError,
+    LogFailedError,
     TopicExistsError,
     UnknownTopicError,
     fsync_dir,
@@ -102,6 +104,7 @@ class Store:
         self._topics: dict[str, TopicInfo] = {}
         self._deleting: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._batch: list[str] | None = None  # topics created inside `batch()`, not yet saved
         self._load_meta()
         for info in list(self._deleting.values()):
             self._finish_delete(info)
@@ -154,9 +157,59 @@ class Store:
                 name, _new_topic_id(), num_partitions, dict(overrides), replication_factor
             )
             self._topics[name] = info
-            self._save_meta_or_undo(lambda: self._topics.pop(name))
-            self._open_partitions(info, range(num_partitions))
+            if self._batch is None:
+                self._save_meta_or_undo(lambda: self._topics.pop(name))
+            try:
+                self._open_partitions(info, range(num_partitions), new=True)
+            except (OSError, LogFailedError):
+                # Out of descriptors or disk: drop the half-made topic so that its open
+                # logs do not keep the broker out of descriptors, then report the error.
+                del self._topics[name]
+                self._deleting[name] = info
+                for index in range(num_partitions):  # first, to give the descriptors back
+                    log = self._logs.pop((name, index), None)
+                    if log is not None:
+                        log.discard()
+                try:
+                    self._save_meta()
+                    self._finish_delete(info)
+                except (OSError, LogFailedError):
+                    pass  # left marked deleting: finished at the next open or create
+                raise
+            if self._batch is not None:
+                self._batch.append(name)
             return info
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Topics created inside share one metadata write and one data-dir fsync, made when
+        the block exits (one CreateTopics request); none is durable before. If that write
+        fails, every topic created inside is removed again and the error raised."""
+        with self._lock:
+            if self._batch is not None:  # nested: the outer block saves
+                yield
+                return
+            self._batch = []
+            try:
+                yield
+            finally:
+                created, self._batch = self._batch, None
+            if created:
+                self._save_batch(created)
+
+    def _save_batch(self, created: list[str]) -> None:
+        try:
+            fsync_dir(self.data_dir)
+            self._save_meta()
+        except BaseException:
+            for name in created:
+                info = self._topics.pop(name)
+                self._deleting[name] = info
+                try:
+                    self._finish_delete(info)
+                except (OSError, LogFailedError):
+                    logger.error("could not remove the logs of '%s' after a failed create", name)
+            raise
 
     def delete_topic(self, name: str) -> None:
         with self._lock:
@@ -178,7 +231,8 @@ class Store:
                 )
             self._topics[name] = dataclasses.replace(info, num_partitions=total_count)
             self._save_meta_or_undo(lambda: self._topics.__setitem__(name, info))
-            self._open_partitions(self._topics[name], range(info.num_partitions, total_count))
+            self._open_partitions(self._topics[name], range(info.num_partitions, total_count),
+                                  new=True)
 
     def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> None:
         """Replaces the topic's config overrides with `configs` (InvalidConfigError)."""
@@ -219,11 +273,19 @@ class Store:
     def _partition_dir(self, topic: str, index: int) -> Path:
         return self.data_dir / f"{topic}-{index}"
 
-    def _open_partitions(self, info: TopicInfo, indexes: range) -> None:
+    def _open_partitions(self, info: TopicInfo, indexes: range, new: bool = False) -> None:
+        """Opens (recovers) the logs; `new`: the partitions were just created, so their
+        directories are made without per-log fsyncs and the data dir is fsync'd once."""
         config = self._config_of(info.configs)
         for index in indexes:
             path = self._partition_dir(info.name, index)
-            self._logs[(info.name, index)] = PartitionLog.open(path, config, self._now_ms)
+            if new and not path.exists():
+                log = PartitionLog.create(path, config)
+            else:
+                log = PartitionLog.open(path, config, self._now_ms)
+            self._logs[(info.name, index)] = log
+        if new and self._batch is None:
+            fsync_dir(self.data_dir)
 
     def _finish_delete(self, info: TopicInfo) -> None:
         """Removes the directories of a topic marked deleting, then its metadata entry."""

@@ -14,6 +14,7 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.handlers.configs import describe_topic_configs, topic_config_error
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
+from onceflow.storage.layout import LogFailedError
 from onceflow.storage.store import TopicInfo
 
 # A bound on what a peer can make us allocate: Kafka has no hard limit, but each
@@ -60,7 +61,12 @@ def create_topic(
     _check_new_topic(state, name, partitions, rf, configs)
     if validate_only:
         return None
-    return state.store.create_topic(name, partitions, configs, replication_factor=rf)
+    try:
+        return state.store.create_topic(name, partitions, configs, replication_factor=rf)
+    except (OSError, LogFailedError) as exc:  # EMFILE, ENOSPC ...: not a closed socket
+        reason = exc.strerror if isinstance(exc, OSError) else "storage error"
+        raise TopicError(ErrorCode.kafka_storage_error,
+                         f"Creating the logs of '{name}' failed: {reason}") from exc
 
 
 def _manual_assignment(state: BrokerState, topic) -> dict[int, list[int]]:
@@ -122,7 +128,16 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
 @handles(ApiKey.CREATE_TOPICS)
 async def create_topics(ctx: RequestContext, body) -> dict:
     validate_only = getattr(body, "validate_only", False)
-    return {"throttle_time": 0, "topics": [_create_one(ctx, t, validate_only) for t in body.topics]}
+    results: list[dict] = []
+    try:
+        with ctx.broker.store.batch():  # one metadata write and fsync for the request
+            results.extend(_create_one(ctx, t, validate_only) for t in body.topics)
+    except (OSError, LogFailedError):  # the one write failed: none of the new topics exists
+        for result in results:
+            if result["error_code"] == ErrorCode.none and not validate_only:
+                result.update(error_code=ErrorCode.kafka_storage_error, topic_id=None,
+                              error_message="Writing the topic metadata failed.")
+    return {"throttle_time": 0, "topics": results}
 
 
 def _delete_one(ctx: RequestContext, name, topic_id) -> dict:
