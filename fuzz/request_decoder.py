@@ -23,7 +23,10 @@ Protocol errors (the broker closes the connection, or answers the ApiVersions fa
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+import typing
+import uuid
 from collections.abc import Iterator
 
 from onceflow.broker.pipeline import decode
@@ -187,10 +190,23 @@ def _produce_frames() -> Iterator[bytes]:
         yield encode_request(header, body)[_SIZE.size:]
 
 
+# A topic id for the Produce versions (v13+) that name topics by id instead of by name.
+SEED_TOPIC_ID = uuid.UUID(int=0x0F0E0D0C0B0A09080706050403020100)
+
+
 def _produce_body(body_type: type, batch: bytes) -> object:
+    topic_type = _element_type(body_type, "topic_data")
+    names = {f.name for f in dataclasses.fields(topic_type)}
+    topic = {"topic_id": SEED_TOPIC_ID} if "topic_id" in names else {"name": "t"}
     return build_entity(body_type, transactional_id=None, acks=-1, timeout=30_000,
-                        topic_data=[{"name": "t", "partition_data": [
+                        topic_data=[{**topic, "partition_data": [
                             {"index": 0, "records": batch}]}])
+
+
+def _element_type(entity_type: type, field: str) -> type:
+    """The element class of a tuple-typed field of a kio entity (`tuple[X, ...]` -> X)."""
+    hints = typing.get_type_hints(entity_type)
+    return typing.get_args(hints[field])[0]
 
 
 def _golden_frames() -> list[bytes]:
