@@ -60,6 +60,9 @@ class Connections:
         self.frame_bytes_max = frame_bytes_max
         self.frame_pool = BufferPool()  # large request frames, shared by all connections
         self.open: set[Connection] = set()
+        # The connections' answer writers still running: a broker stopping waits for them,
+        # so none is left pending when its event loop closes.
+        self.writers: set[asyncio.Future] = set()
         self.handler_failures = 0
 
     def accept(self, node_id: int, listener: Listener) -> Connection:
@@ -74,6 +77,15 @@ class Connections:
     def close_all(self, reason: str) -> None:
         for connection in list(self.open):
             connection.close(reason)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """After close_all: end the answer writers (their connections are closed, nobody
+        reads the answers) and wait until they are done."""
+        writers = list(self.writers)
+        for writer in writers:
+            writer.cancel()
+        if writers:
+            await asyncio.wait(writers, timeout=timeout_s)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -188,6 +200,8 @@ class Connection(asyncio.BufferedProtocol):
             self._transport.pause_reading()
         if self._writer is None or self._writer.done():
             self._writer = asyncio.ensure_future(self._write_responses())
+            self._shared.writers.add(self._writer)
+            self._writer.add_done_callback(self._shared.writers.discard)
 
     async def _write_responses(self) -> None:
         while self._pending and not self._closed:

@@ -27,6 +27,7 @@ import inspect
 import logging
 import ssl
 
+from onceflow.broker.access import Access
 from onceflow.broker.admin import (
     AdminContext,
     AdminFrontend,
@@ -35,7 +36,6 @@ from onceflow.broker.admin import (
     SegmentView,
     route,
 )
-from onceflow.broker.access import Access
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.connection import Connections
@@ -195,6 +195,7 @@ class BrokerServer:
             server.close()
         if self.connections is not None:
             self.connections.close_all("broker shutting down")
+            await self.connections.drain()
         for server in self._servers:
             await server.wait_closed()
         if self.txns is not None:
