@@ -180,8 +180,7 @@ def _describe_one(ctx: RequestContext, resource, include_synonyms: bool) -> dict
     if resource.resource_type == RESOURCE_TOPIC:
         info = ctx.broker.topic(resource.resource_name)
         if info is None:
-            return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
-                    "error_message": f"Topic {resource.resource_name} does not exist"}
+            return _unknown_topic(result, resource.resource_name)
         return {**result, "configs": describe_topic_configs(
             info, keys, dict(ctx.broker.config.log_defaults), include_synonyms,
             ctx.broker.config.static_keys)}
@@ -258,15 +257,29 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
                 "error_message": "only topic configs can be altered"}
     info = ctx.broker.topic(resource.resource_name)
     if info is None:
-        return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
-                "error_message": f"Topic {resource.resource_name} does not exist"}
+        return _unknown_topic(result, resource.resource_name)
     try:
         updated = _apply_ops(info.configs, resource.configs)
-        topic_config.validate_topic_configs(updated)
+    except topic_config.InvalidConfig as exc:
+        return {**result, "error_code": ErrorCode.invalid_config, "error_message": str(exc)}
+    return _replace_topic_configs(ctx, info.name, updated, result, validate_only)
+
+
+def _unknown_topic(result: dict, name: str) -> dict:
+    return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
+            "error_message": f"Topic {name} does not exist"}
+
+
+def _replace_topic_configs(ctx: RequestContext, name: str, configs: dict[str, str | None],
+                           result: dict, validate_only: bool) -> dict:
+    """`configs` become all of the topic's overrides once valid (INVALID_CONFIG naming the
+    key otherwise); nothing is stored with `validate_only`."""
+    try:
+        updated = topic_config.validate_topic_configs(configs)
     except topic_config.InvalidConfig as exc:
         return {**result, "error_code": ErrorCode.invalid_config, "error_message": str(exc)}
     if not validate_only:
-        ctx.broker.store.alter_topic_configs(info.name, updated)
+        ctx.broker.store.alter_topic_configs(name, updated)
     return result
 
 
@@ -289,20 +302,13 @@ def _alter_legacy_one(ctx: RequestContext, resource, validate_only: bool) -> dic
                 "error_message": "only topic configs can be altered"}
     info = ctx.broker.topic(resource.resource_name)
     if info is None:
-        return {**result, "error_code": ErrorCode.unknown_topic_or_partition,
-                "error_message": f"Topic {resource.resource_name} does not exist"}
+        return _unknown_topic(result, resource.resource_name)
     names = [c.name for c in resource.configs]
     if len(set(names)) != len(names):
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": "Error due to duplicate config keys"}
-    wanted = {c.name: c.value for c in resource.configs}
-    try:
-        updated = topic_config.validate_topic_configs(wanted)
-    except topic_config.InvalidConfig as exc:
-        return {**result, "error_code": ErrorCode.invalid_config, "error_message": str(exc)}
-    if not validate_only:
-        ctx.broker.store.alter_topic_configs(info.name, updated)
-    return result
+    return _replace_topic_configs(ctx, info.name, {c.name: c.value for c in resource.configs},
+                                  result, validate_only)
 
 
 @handles(ApiKey.ALTER_CONFIGS)
