@@ -44,6 +44,7 @@ and turns whole columns into Python lists at once instead of building Spark Rows
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -382,7 +383,7 @@ class TransactionalWriter:
         """
         producer = self.producer
         producer.begin_transaction()
-        try:
+        with self._aborted_on_error():
             rows = produce_rows(producer, layout, self.options.topic, batches)
             if progress_record is not None:
                 record = progress_record(rows)
@@ -392,12 +393,6 @@ class TransactionalWriter:
                 producer.produce(self.options.progress_topic, record.encode(), record.key(),
                                  partition=target)
             self._commit()
-        except KafkaException as exception:
-            self._abort_quietly()
-            raise SinkError(self._explain(exception.args[0])) from None
-        except BaseException:
-            self._abort_quietly()
-            raise
         return rows
 
     def prepare(self, layout: RowLayout, batches: Iterable) -> int:
@@ -405,7 +400,7 @@ class TransactionalWriter:
         the driver commits it). On any error the transaction is aborted and the error raised."""
         producer = self.producer
         producer.begin_transaction()
-        try:
+        with self._aborted_on_error():
             rows = produce_rows(producer, layout, self.options.topic, batches)
             left = producer.flush(self.options.transaction_timeout_ms / 1000)
             if left or self.delivery_error is not None:
@@ -413,13 +408,20 @@ class TransactionalWriter:
                                 f"unacknowledged; first delivery error: {self.delivery_error}")
             if self.fatal_error is not None:
                 raise SinkError(self._explain(self.fatal_error))
+        return rows
+
+    @contextlib.contextmanager
+    def _aborted_on_error(self) -> Iterator[None]:
+        """The open transaction aborted (when the producer still can) on any error, which
+        is raised again; a client error as SinkError with its explanation."""
+        try:
+            yield
         except KafkaException as exception:
             self._abort_quietly()
             raise SinkError(self._explain(exception.args[0])) from None
         except BaseException:
             self._abort_quietly()
             raise
-        return rows
 
     def abort_quietly(self) -> None:
         """Abort the open transaction if the producer still can (see `_abort_quietly`)."""
