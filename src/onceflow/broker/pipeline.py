@@ -22,9 +22,10 @@ in request order. Every stage in between lives here, each small enough to test a
 - handler (`respond`): the API's handler (broker/handlers/) with a `RequestContext`;
   the answered request is counted in the metrics.
 - quotas (`throttle`): a Produce request's size and a consumer Fetch answer's record
-  bytes count against the client's byte-rate quota (broker/quotas.py); over it, the
-  answer carries the throttle time and the connection stops reading that long (KIP-219).
-  With no quota set, one truthiness test.
+  bytes count against the client's byte-rate quota, and the handler's time on the event
+  loop against its request_percentage quota (broker/quotas.py); over either, the answer
+  carries the larger throttle time and the connection stops reading that long
+  (KIP-219). With no quota set, one truthiness test.
 - encode (`encode`): the response as buffers for `writelines` (records are not
   copied), or None when Kafka sends no answer (Produce with acks=0).
 
@@ -45,7 +46,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from onceflow.broker.access import Access, Session
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, Handler, RequestContext
-from onceflow.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from onceflow.broker.quotas import (
+    CONSUMER_BYTE_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
+    LoopTimer,
+)
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
 from onceflow.broker.state import BrokerState
@@ -76,6 +82,9 @@ class Peer:
 
 
 ANONYMOUS_USER = "ANONYMOUS"
+# Answers without a throttle_time_ms field: a throttled client is muted all the same.
+NO_THROTTLE_FIELD = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
+                               ApiKey.WRITE_TXN_MARKERS})
 
 
 def decode(frame: bytes | memoryview) -> Request | bytes:
@@ -146,16 +155,22 @@ class RequestPipeline:
         ctx = RequestContext(self._state, self._groups, self._txns, peer.node_id,
                              header.api_key, header.api_version, header.client_id,
                              peer.client_host, peer.session, self._access)
-        body = await handler(ctx, request.body)
+        if not self._state.quotas.active():
+            body = await handler(ctx, request.body)
+            self._metrics.observe_response(header.api_key, body)
+            return encode(header, body)
+        timer = LoopTimer(handler(ctx, request.body))
+        body = await timer
         self._metrics.observe_response(header.api_key, body)
-        if body is not None and self._state.quotas.active():
-            throttle(self._state, request, peer, body, size)
+        if body is not None:
+            throttle(self._state, request, peer, body, size, timer.busy_ns)
         return encode(header, body)
 
 
-def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size: int) -> None:
-    """Count the request against the client's byte-rate quota; over it, put the throttle
-    time in the answer and mute the connection that long."""
+def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size: int,
+             busy_ns: int = 0) -> None:
+    """Count the request against the client's byte-rate and request-time quotas; over
+    either, put the larger throttle time in the answer and mute the connection that long."""
     header = request.header
     if header.api_key == ApiKey.PRODUCE:
         key, value = PRODUCER_BYTE_RATE, size
@@ -164,11 +179,34 @@ def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size:
                                              for t in body.get("responses", ())
                                              for p in t.get("partitions", ()))
     else:
-        return
-    principal = peer.session.principal if peer.session is not None else f"User:{ANONYMOUS_USER}"
-    user = principal.split(":", 1)[1] if ":" in principal else principal
-    throttle_ms = state.quotas.record(key, user, header.client_id or "", value)
+        key, value = "", 0
+    user = quota_user(peer)
+    client_id = header.client_id or ""
+    bytes_ms = state.quotas.record(key, user, client_id, value) if key else 0
+    time_ms = (state.quotas.record_request_time(user, client_id, busy_ns)
+               if request_time_counts(request, peer) else 0)
+    throttle_ms = max(bytes_ms, time_ms)
     if throttle_ms > 0:
-        body["throttle_time"] = throttle_ms
+        if header.api_key not in NO_THROTTLE_FIELD:
+            body["throttle_time"] = throttle_ms
         peer.muted_until = max(peer.muted_until, time.monotonic() + throttle_ms / 1000)
-        state.metrics.throttled(key, throttle_ms)
+        state.metrics.throttled(key if bytes_ms >= time_ms else REQUEST_PERCENTAGE, throttle_ms)
+
+
+def quota_user(peer: Peer) -> str:
+    """The user a quota is looked up for: the principal's name, ANONYMOUS without login."""
+    principal = peer.session.principal if peer.session is not None else f"User:{ANONYMOUS_USER}"
+    return principal.split(":", 1)[1] if ":" in principal else principal
+
+
+def request_time_counts(request: Request, peer: Peer) -> bool:
+    """Whether the request's time counts against request_percentage. Kafka exempts what
+    brokers send each other (WriteTxnMarkers, a follower's Fetch; KafkaApis answers them
+    with sendResponseExemptThrottle) and never sees the SASL exchange before a login (the
+    authenticator answers it on the network thread)."""
+    api_key = request.header.api_key
+    if api_key == ApiKey.WRITE_TXN_MARKERS:
+        return False
+    if api_key == ApiKey.FETCH and getattr(request.body, "replica_id", -1) >= 0:
+        return False
+    return peer.session is None or peer.session.authenticated

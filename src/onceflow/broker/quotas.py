@@ -20,7 +20,14 @@ each user or client on its own). The rate is a sliding window of `quota.window.n
 samples of `quota.window.size.seconds` (1); when a request takes it over the bound, the
 throttle time is (rate - bound) / bound * window, the answer carries it and the connection
 stops reading for that long (KIP-219), so the client's average comes down to the bound.
-`request_percentage` and `connection_creation_rate` are stored but not enforced.
+
+`request_percentage` is Kafka's ClientRequestQuotaManager: the time a client's requests
+keep the broker busy, as a percentage of one request thread. onceflow handles requests on
+one event loop, so the time counted is what the request's handler spends running on that
+loop (`LoopTimer`: the sum of its coroutine's steps; waits for fsync or a long poll do
+not count). A millisecond counts as 0.1 (percent over one second) into the same window;
+the throttle time is bounded by one window sample (`quota.window.size.seconds`), as
+Kafka bounds it. `connection_creation_rate` is stored but not enforced.
 
 File layout: magic "OFCQ" | version u16 | length u32 | crc32c u32 | body (UTF-8 JSON, a
 list of {"entity": {type: name|null}, "values": {key: value}}).
@@ -34,8 +41,9 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Generator, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -45,8 +53,10 @@ __all__ = [
     "CONSUMER_BYTE_RATE",
     "PRODUCER_BYTE_RATE",
     "QUOTAS_FILE",
+    "REQUEST_PERCENTAGE",
     "ClientQuotas",
     "Entity",
+    "LoopTimer",
     "QuotaError",
     "RateWindow",
 ]
@@ -65,6 +75,10 @@ IP_KEYS = {"connection_creation_rate": True}
 LONG_MAX = 2.0 ** 63 - 1
 INT_MAX = 2 ** 31 - 1
 PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE = "producer_byte_rate", "consumer_byte_rate"
+REQUEST_PERCENTAGE = "request_percentage"
+# Kafka's ClientRequestQuotaManager.NanosToPercentagePerSecond: a request thread busy for
+# one second is 100 (percent).
+PERCENT_PER_NS = 100.0 / 1e9
 # Kafka's quota.window.num and quota.window.size.seconds defaults.
 QUOTA_WINDOW_NUM = 11
 QUOTA_WINDOW_S = 1.0
@@ -228,6 +242,33 @@ class RateWindow:
         return sum(total for _start, total in self._buckets) / self.window_size_s(now_s)
 
 
+class LoopTimer:
+    """Runs a coroutine and counts the time its steps spend on the event loop (`busy_ns`),
+    leaving out the time it waits: a request's share of the one loop that serves all
+    clients, what Kafka counts as request-thread time."""
+
+    __slots__ = ("_coro", "busy_ns")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self.busy_ns = 0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, sent, thrown = self._coro, None, None
+        while True:
+            started = time.perf_counter_ns()
+            try:
+                yielded = coro.send(sent) if thrown is None else coro.throw(thrown)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self.busy_ns += time.perf_counter_ns() - started
+            try:
+                sent, thrown = (yield yielded), None
+            except BaseException as exc:  # noqa: BLE001 - handed on: the coroutine decides
+                sent, thrown = None, exc
+
+
 class ClientQuotas:
     """The quota values of one broker, persisted in `path` (module docstring). Thread-safe."""
 
@@ -245,9 +286,10 @@ class ClientQuotas:
         return bool(self._values)
 
     def record(self, key: str, user: str, client_id: str, value: float,
-               now_s: float | None = None) -> int:
-        """Count `value` (bytes) of `key`'s quota for a request of (user, client-id); the
-        throttle time in ms it earns (0 within the quota or without one)."""
+               now_s: float | None = None, throttle_max_ms: int | None = None) -> int:
+        """Count `value` (bytes, or percent for request_percentage) of `key`'s quota for a
+        request of (user, client-id); the throttle time in ms it earns (0 within the quota
+        or without one), at most `throttle_max_ms` if given."""
         if not self._values:
             return 0
         found = self.bound(key, user, client_id)
@@ -264,7 +306,15 @@ class ClientQuotas:
             self._expire(now_s)
             if rate <= bound:
                 return 0
-            return round((rate - bound) / bound * window.window_size_s(now_s) * 1000)
+            throttle_ms = round((rate - bound) / bound * window.window_size_s(now_s) * 1000)
+        return throttle_ms if throttle_max_ms is None else min(throttle_ms, throttle_max_ms)
+
+    def record_request_time(self, user: str, client_id: str, busy_ns: int,
+                            now_s: float | None = None) -> int:
+        """Count `busy_ns` of loop time against the client's request_percentage quota; the
+        throttle time it earns, at most one window sample (Kafka's maxThrottleTimeMs)."""
+        return self.record(REQUEST_PERCENTAGE, user, client_id, busy_ns * PERCENT_PER_NS,
+                           now_s, round(self._window_s * 1000))
 
     def _expire(self, now_s: float) -> None:
         if now_s - self._last_expiry_s < WINDOW_IDLE_EXPIRY_S / 10:

@@ -1,0 +1,115 @@
+"""The request_percentage quota enforced (issue 15): the loop time of a request's handler
+counted as Kafka's ClientRequestQuotaManager counts request-thread time, then a real
+confluent-kafka producer that sends many requests throttled under a low quota and never
+throttled without one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from confluent_kafka import Producer
+
+from onceflow import Broker
+from onceflow.broker.quotas import ClientQuotas, LoopTimer
+from tests.helpers import create_topic, unique
+from tests.integration.test_client_quotas import SMALL, alter
+from tests.kafka_raw import RawClient
+
+BUSY_S = 0.02
+WAIT_S = 1.0
+# A quota so low that a few dozen Produce requests exceed it: 0.001 % of one thread over
+# the 10 s window is 100 us of handler time in all.
+TINY_PERCENTAGE = 0.001
+REQUESTS_MAX = 2_000
+DEADLINE_S = 30.0
+
+
+def test_loop_timer_counts_the_steps_and_not_the_waits():
+    async def handler() -> str:
+        started = time.perf_counter()
+        while time.perf_counter() - started < BUSY_S:
+            pass
+        await asyncio.sleep(WAIT_S)
+        return "answer"
+
+    async def run() -> tuple[str, int]:
+        timer = LoopTimer(handler())
+        return await timer, timer.busy_ns
+
+    answer, busy_ns = asyncio.run(run())
+    assert answer == "answer"
+    assert BUSY_S * 1e9 <= busy_ns < WAIT_S * 1e9 / 2
+
+
+def test_loop_timer_passes_exceptions_and_cancellation_through():
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("handler bug")
+
+    async def waiting() -> None:
+        await asyncio.sleep(60)
+
+    async def run() -> tuple[bool, bool]:
+        try:
+            await LoopTimer(failing())
+        except ValueError:
+            failed = True
+        task = asyncio.ensure_future(LoopTimer(waiting()))
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return failed, True
+        return failed, False
+
+    assert asyncio.run(run()) == (True, True)
+
+
+def test_request_time_throttle_is_bounded_by_one_window_sample(tmp_path):
+    quotas = ClientQuotas(tmp_path / "q", {(("client-id", "app"),): {"request_percentage": 1.0}})
+    assert quotas.record_request_time("u", "app", 50_000_000, now_s=100.0) == 0  # 0.5 % of 10 s
+    # 5 s of loop time in one request: far over, but Kafka throttles at most 1 s at a time.
+    assert quotas.record_request_time("u", "app", 5_000_000_000, now_s=100.5) == 1000
+    assert quotas.record_request_time("u", "other", 5_000_000_000, now_s=100.5) == 0
+
+
+def _produce_one_at_a_time(bootstrap: str, topic: str, client_id: str, requests: int,
+                           stop_when_throttled: bool) -> tuple[int, list[int]]:
+    """Produce `requests` records, each in its own request; the requests sent and the
+    throttle times librdkafka reported (throttle_cb)."""
+    throttles: list[int] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id,
+                         "linger.ms": 0, "acks": "all",
+                         "throttle_cb": lambda event: throttles.append(
+                             round(event.throttle_time * 1000))})
+    deadline = time.monotonic() + DEADLINE_S
+    sent = 0
+    while sent < requests and time.monotonic() < deadline:
+        producer.produce(topic, b"v")
+        assert producer.flush(DEADLINE_S) == 0
+        producer.poll(0)
+        sent += 1
+        if stop_when_throttled and any(throttles):
+            break
+    producer.flush(DEADLINE_S)
+    producer.poll(0)
+    return sent, throttles
+
+
+def test_a_low_request_percentage_throttles_a_busy_client_and_only_it(tmp_path):
+    with Broker(tmp_path / "data", **SMALL) as broker:
+        topic = create_topic(broker.bootstrap_servers, unique("reqquota"))
+        limited, free = unique("limited"), unique("free")
+        with RawClient(broker.bootstrap_servers) as raw:
+            assert alter(raw, {"client-id": limited},
+                         {"request_percentage": TINY_PERCENTAGE})[0] == 0
+        sent, throttles = _produce_one_at_a_time(broker.bootstrap_servers, topic, limited,
+                                                 REQUESTS_MAX, stop_when_throttled=True)
+        assert any(throttles), f"no throttle time after {sent} requests"
+        assert max(throttles) <= 1000   # one window sample at most, as Kafka bounds it
+        # The same load from a client without a quota is never throttled.
+        _sent, free_throttles = _produce_one_at_a_time(
+            broker.bootstrap_servers, topic, free, max(2 * sent, 50), stop_when_throttled=False)
+        assert not any(free_throttles), free_throttles
