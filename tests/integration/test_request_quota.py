@@ -1,7 +1,8 @@
 """The request_percentage quota enforced (issue 15): the loop time of a request's handler
 counted as Kafka's ClientRequestQuotaManager counts request-thread time, then a real
 confluent-kafka producer that sends many requests throttled under a low quota and never
-throttled without one."""
+throttled without one; and a consumer's fetch capped to what its consumer_byte_rate
+allows in one quota window, as KafkaApis caps it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from confluent_kafka import Producer
 
 from onceflow import Broker
 from onceflow.broker.quotas import ClientQuotas, LoopTimer
+from onceflow.protocol.records import SimpleRecord, build_batch
 from tests.helpers import create_topic, unique
 from tests.integration.test_client_quotas import SMALL, alter
+from tests.integration.test_fetch_sessions import _answered, _fetch
+from tests.integration.test_fetch_topic_ids import topic_id
 from tests.kafka_raw import RawClient
 
 BUSY_S = 0.02
@@ -113,3 +117,34 @@ def test_a_low_request_percentage_throttles_a_busy_client_and_only_it(tmp_path):
         _sent, free_throttles = _produce_one_at_a_time(
             broker.bootstrap_servers, topic, free, max(2 * sent, 50), stop_when_throttled=False)
         assert not any(free_throttles), free_throttles
+
+
+FETCH_QUOTA_BYTES_S = 1_000
+# Kafka's getMaxValueInQuotaWindow: the quota times (quota.window.num - 1) window samples.
+FETCH_WINDOW_BYTES = FETCH_QUOTA_BYTES_S * 10
+BATCH_VALUE_BYTES = 3_000
+BATCHES = 10
+
+
+def test_a_consumer_fetch_is_capped_to_its_quota_window(tmp_path):
+    with Broker(tmp_path / "data", **SMALL) as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, unique("fetchcap"))
+        tid = topic_id(bootstrap, topic)
+        capped = unique("capped")
+        with RawClient(bootstrap) as raw:
+            for _ in range(BATCHES):
+                response = raw.request(0, 9, {
+                    "transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [{
+                        "name": topic, "partition_data": [{"index": 0, "records": build_batch(
+                            [SimpleRecord(key=None, value=b"v" * BATCH_VALUE_BYTES)])}]}]})
+                assert response.responses[0].partition_responses[0].error_code == 0
+            assert alter(raw, {"client-id": capped},
+                         {"consumer_byte_rate": float(FETCH_QUOTA_BYTES_S)})[0] == 0
+        with RawClient(bootstrap, client_id=capped) as client:
+            capped_bytes = _answered(_fetch(client, tid, 0, -1, {0: 0}))[0]
+        with RawClient(bootstrap, client_id=unique("free")) as client:
+            free_bytes = _answered(_fetch(client, tid, 0, -1, {0: 0}))[0]
+    # Whole batches up to the window's bytes (the first batch always, KIP-74).
+    assert BATCH_VALUE_BYTES <= capped_bytes <= FETCH_WINDOW_BYTES, capped_bytes
+    assert free_bytes > BATCHES * BATCH_VALUE_BYTES, free_bytes

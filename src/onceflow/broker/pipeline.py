@@ -51,6 +51,7 @@ from onceflow.broker.quotas import (
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
     LoopTimer,
+    quota_user,
 )
 from onceflow.broker.runtime.groups import GroupRuntime
 from onceflow.broker.runtime.txn import TxnRuntime
@@ -180,7 +181,8 @@ def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size:
                                              for p in t.get("partitions", ()))
     else:
         key, value = "", 0
-    user = quota_user(peer)
+    user = quota_user(peer.session.principal if peer.session is not None
+                      else f"User:{ANONYMOUS_USER}")
     client_id = header.client_id or ""
     bytes_ms = state.quotas.record(key, user, client_id, value) if key else 0
     time_ms = (state.quotas.record_request_time(user, client_id, busy_ns)
@@ -191,12 +193,6 @@ def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size:
             body["throttle_time"] = throttle_ms
         peer.muted_until = max(peer.muted_until, time.monotonic() + throttle_ms / 1000)
         state.metrics.throttled(key if bytes_ms >= time_ms else REQUEST_PERCENTAGE, throttle_ms)
-
-
-def quota_user(peer: Peer) -> str:
-    """The user a quota is looked up for: the principal's name, ANONYMOUS without login."""
-    principal = peer.session.principal if peer.session is not None else f"User:{ANONYMOUS_USER}"
-    return principal.split(":", 1)[1] if ":" in principal else principal
 
 
 def request_time_counts(request: Request, peer: Peer) -> bool:

@@ -27,7 +27,11 @@ one event loop, so the time counted is what the request's handler spends running
 loop (`LoopTimer`: the sum of its coroutine's steps; waits for fsync or a long poll do
 not count). A millisecond counts as 0.1 (percent over one second) into the same window;
 the throttle time is bounded by one window sample (`quota.window.size.seconds`), as
-Kafka bounds it. `connection_creation_rate` is stored but not enforced.
+Kafka bounds it.
+
+A consumer Fetch asks for at most what its `consumer_byte_rate` allows in one window
+(`window_max`, Kafka's getMaxValueInQuotaWindow): KafkaApis caps the fetch's max_bytes
+there, so that no single answer is guaranteed to throttle the client. `connection_creation_rate` is stored but not enforced.
 
 File layout: magic "OFCQ" | version u16 | length u32 | crc32c u32 | body (UTF-8 JSON, a
 list of {"entity": {type: name|null}, "values": {key: value}}).
@@ -59,6 +63,7 @@ __all__ = [
     "LoopTimer",
     "QuotaError",
     "RateWindow",
+    "quota_user",
 ]
 
 QUOTAS_FILE = "client-quotas.state"
@@ -323,6 +328,13 @@ class ClientQuotas:
         for tags in [t for t, w in self._windows.items() if now_s - w.last_used > WINDOW_IDLE_EXPIRY_S]:
             del self._windows[tags]
 
+    def window_max(self, key: str, user: str, client_id: str) -> float | None:
+        """The most the client may count against `key` in one quota window without being
+        throttled when nothing else was counted (Kafka's getMaxValueInQuotaWindow: the
+        quota times the window's full samples); None without a quota."""
+        found = self.bound(key, user, client_id) if self._values else None
+        return None if found is None else found[0] * (self._window_num - 1) * self._window_s
+
     def bound(self, key: str, user: str, client_id: str) -> tuple[float, tuple[str, str]] | None:
         """The `key` quota for (user, client-id) and the (user, client-id) tags its rate is
         kept under, as Kafka's DefaultQuotaCallback resolves them; None: no quota."""
@@ -394,6 +406,11 @@ class ClientQuotas:
         with self._lock:
             write_checked_file(self._path, FILE_MAGIC, FILE_VERSION, body, fsync)
             self._values = values
+
+
+def quota_user(principal: str) -> str:
+    """The user a quota is looked up for: the principal's name (`User:alice` -> alice)."""
+    return principal.split(":", 1)[1] if ":" in principal else principal
 
 
 def _sort_key(item: tuple[Entity, dict[str, float]]) -> list[tuple[str, str]]:

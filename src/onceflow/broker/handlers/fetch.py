@@ -26,6 +26,10 @@ INCONSISTENT_TOPIC_ID is never answered: a partition is only ever found through 
 current id, so no request can pair a partition with another id. NOT_LEADER_OR_FOLLOWER
 answers carry the leader (v12+, tagged) and its endpoint (v16+, KIP-951).
 
+Quotas: a consumer's fetch asks for at most what its `consumer_byte_rate` allows in one
+quota window (max_bytes and min_bytes capped there, as KafkaApis.handleFetchRequest does),
+so one answer never holds more than the quota would let through; a follower is not capped.
+
 Fetch sessions (KIP-227, broker/runtime/fetch_sessions.py): a full fetch with epoch 0
 creates a session when the cache has room; an incremental fetch reads every partition
 of its session and answers only those with something new (docs/protocol.md).
@@ -40,9 +44,11 @@ import weakref
 
 from kio.schema.errors import ErrorCode
 
+from onceflow.broker.access import ANONYMOUS
 from onceflow.broker.config import FETCH_WAIT_MS_MAX
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.handlers.metadata import brokers
+from onceflow.broker.quotas import CONSUMER_BYTE_RATE, quota_user
 from onceflow.broker.runtime.fetch_sessions import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -56,6 +62,7 @@ from onceflow.storage import LogClosedError, OffsetOutOfRange
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 TOPIC_ID_VERSION = 13   # Fetch v13+ names topics by id
+INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(slots=True)
@@ -256,14 +263,15 @@ async def fetch(ctx: RequestContext, body) -> dict:
         requested = [(key, c.fetch_offset, c.partition_max_bytes)
                      for key, c in session.partitions.items()]
     isolation = getattr(body, "isolation_level", READ_UNCOMMITTED)
-    max_bytes = getattr(body, "max_bytes", 2**31 - 1)
+    max_bytes = min(getattr(body, "max_bytes", INT32_MAX), _quota_window_bytes(ctx, body))
+    min_bytes = min(body.min_bytes, max_bytes)
     wait_ms = min(int(body.max_wait.total_seconds() * 1000), FETCH_WAIT_MS_MAX)
     deadline = time.monotonic() + wait_ms / 1000
     wanted = _resolve(ctx, requested, by_id)
     while True:
         responses, total, errors = _read_all(wanted, isolation, max_bytes)
         remaining_s = deadline - time.monotonic()
-        if total >= body.min_bytes or errors or remaining_s <= 0 or not wanted:
+        if total >= min_bytes or errors or remaining_s <= 0 or not wanted:
             break
         await _wait_for_data(wanted, remaining_s)
         _drop_gone(ctx, wanted)
@@ -284,6 +292,17 @@ async def fetch(ctx: RequestContext, body) -> dict:
             "session_id": 0 if session is None else session.session_id,
             "responses": _group(wanted, responses, by_id),
             "node_endpoints": _leader_endpoints(ctx, wanted)}
+
+
+def _quota_window_bytes(ctx: RequestContext, body) -> int:
+    """The most a consumer may fetch in one quota window without being throttled
+    (Kafka's getMaxValueInQuotaWindow); no bound for a follower or without a quota."""
+    quotas = ctx.broker.quotas
+    if not quotas.active() or getattr(body, "replica_id", -1) >= 0:
+        return INT32_MAX
+    principal = ctx.session.principal if ctx.session is not None else ANONYMOUS
+    found = quotas.window_max(CONSUMER_BYTE_RATE, quota_user(principal), ctx.client_id or "")
+    return INT32_MAX if found is None else int(min(found, INT32_MAX))
 
 
 def _leader_endpoints(ctx: RequestContext, wanted: list[_Wanted]) -> list[dict]:
