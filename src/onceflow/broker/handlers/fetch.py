@@ -22,8 +22,12 @@ Topics are named by id from v13 on: an id the broker does not know (zero include
 answers UNKNOWN_TOPIC_ID. A topic deleted while a fetch waits on it (or deleted and
 created again under a new id) answers UNKNOWN_TOPIC_OR_PARTITION by name and
 UNKNOWN_TOPIC_ID by id; so does a log closed under the read by a stopping broker.
-INCONSISTENT_TOPIC_ID is never answered: a partition is only ever found through its
-current id, so no request can pair a partition with another id. NOT_LEADER_OR_FOLLOWER
+INCONSISTENT_TOPIC_ID is answered where Kafka's ReplicaManager.read answers it: the
+request's id resolves to a topic name whose log now has another id. That happens to an
+incremental fetch of a by-id session (which remembers the name each id resolved to)
+after the topic was deleted and created again under the same name, and to a by-id fetch
+whose topic is deleted and created again while it waits; once no topic has the name,
+the session's partition answers UNKNOWN_TOPIC_OR_PARTITION. NOT_LEADER_OR_FOLLOWER
 answers carry the leader (v12+, tagged) and its endpoint (v16+, KIP-951).
 
 Quotas: a consumer's fetch asks for at most what its `consumer_byte_rate` allows in one
@@ -52,12 +56,13 @@ from onceflow.broker.quotas import CONSUMER_BYTE_RATE, quota_user
 from onceflow.broker.runtime.fetch_sessions import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
+    FetchSession,
     FetchSessionCache,
     next_epoch,
 )
-from onceflow.security.acl import Operation, ResourceType
 from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import LogClosedError, OffsetOutOfRange
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -75,6 +80,7 @@ class _Wanted:
     error_code: ErrorCode = ErrorCode.none
     topic_id: object = None          # the id the partition was resolved under
     by_id: bool = False
+    topic_name: str | None = None    # the name the request's key resolved to
     leader: int = -1                 # NOT_LEADER_OR_FOLLOWER: who leads (v16+ tells)
     leader_epoch: int = -1
 
@@ -119,7 +125,7 @@ def _forgotten(body, by_id: bool) -> list[tuple]:
 
 
 def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
-             by_id: bool) -> list[_Wanted]:
+             by_id: bool, session: FetchSession | None = None) -> list[_Wanted]:
     state = ctx.broker
     wanted = []
     infos: dict[object, object] = {}
@@ -129,8 +135,13 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
         info = infos[key]
         item = _Wanted(key, index, fetch_offset, max_bytes, None, by_id=by_id)
         name = info.name if info is not None else (None if by_id else key)
+        if name is None and session is not None:   # an id the session resolved before
+            name = session.topic_name((key, index))
+        item.topic_name = name
         if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
             item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
+        elif info is None and name is not None and by_id:
+            item.error_code = _stale_id_error(state, name, index)
         elif info is None:
             item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
         elif (partition := state.partition(info.name, index)) is None:
@@ -143,6 +154,15 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
             item.topic_id = info.topic_id
         wanted.append(item)
     return wanted
+
+
+def _stale_id_error(state, name: str, index: int) -> ErrorCode:
+    """A by-id request's old id whose name the session remembers: the log by that name has
+    another id now (Kafka's read: INCONSISTENT_TOPIC_ID), or there is none."""
+    current = state.topic(name)
+    if current is None or state.partition(name, index) is None:
+        return ErrorCode.unknown_topic_or_partition
+    return ErrorCode.inconsistent_topic_id
 
 
 def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[list[dict], int, bool]:
@@ -198,7 +218,7 @@ async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
         partition.waiters.add(waiter)
     try:
         await asyncio.wait_for(waiter, timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     finally:
         for partition in partitions:
@@ -211,9 +231,12 @@ def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
     for item in wanted:
         if item.partition is None:
             continue
-        info = ctx.broker.topic(item.partition.topic)
+        name = item.partition.topic
+        info = ctx.broker.topic(name)
         if info is None or info.topic_id != item.topic_id:
             item.lose()
+            if item.by_id and info is not None and ctx.broker.partition(name, item.index):
+                item.error_code = ErrorCode.inconsistent_topic_id   # created again meanwhile
 
 
 def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[dict]:
@@ -267,7 +290,7 @@ async def fetch(ctx: RequestContext, body) -> dict:
     min_bytes = min(body.min_bytes, max_bytes)
     wait_ms = min(int(body.max_wait.total_seconds() * 1000), FETCH_WAIT_MS_MAX)
     deadline = time.monotonic() + wait_ms / 1000
-    wanted = _resolve(ctx, requested, by_id)
+    wanted = _resolve(ctx, requested, by_id, session)
     while True:
         responses, total, errors = _read_all(wanted, isolation, max_bytes)
         remaining_s = deadline - time.monotonic()
@@ -278,6 +301,10 @@ async def fetch(ctx: RequestContext, body) -> dict:
     if session_epoch == INITIAL_EPOCH:
         session = cache.create(ctx.node_id, by_id, requested)
     if session is not None:
+        if by_id:
+            for item in wanted:
+                if item.topic_name is not None:
+                    session.resolved((item.topic_key, item.index), item.topic_name)
         answered = [(item, response) for item, response in zip(wanted, responses)
                     if session.must_answer(
                         (item.topic_key, item.index), error=response["error_code"] != ErrorCode.none,

@@ -28,6 +28,11 @@ Theory of operation, as Kafka's FetchSession.scala decides (facts, not its code)
   the new session; otherwise no session is created.
 - Sessions named by topic id (Fetch v13+) and by name (v7-12) do not mix: a request whose
   version names topics differently from its session answers FETCH_SESSION_TOPIC_ID_ERROR.
+- A session named by topic id remembers each partition's topic name from the first
+  request that resolved it (Kafka's CachedPartition keeps the name). After the topic is
+  deleted and created again under the same name, an incremental fetch still names the
+  old id: the handler finds the name here and answers INCONSISTENT_TOPIC_ID (the log's
+  id is not the session's), or UNKNOWN_TOPIC_OR_PARTITION once no topic has the name.
 
 Everything runs on the broker's event loop; nothing here blocks or awaits.
 """
@@ -64,6 +69,7 @@ class CachedPartition:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
+    topic_name: str | None = None   # by-id sessions: the name the id was resolved to
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,6 +93,18 @@ class FetchSession:
                 cached.fetch_offset, cached.partition_max_bytes = fetch_offset, max_bytes
         for key in forgotten:
             self.partitions.pop(key, None)
+
+    def topic_name(self, key: PartitionKey) -> str | None:
+        """The topic name `key` was first resolved to (by-id sessions); None if never."""
+        cached = self.partitions.get(key)
+        return None if cached is None else cached.topic_name
+
+    def resolved(self, key: PartitionKey, topic_name: str) -> None:
+        """Remember the name `key` resolved to, unless it already has one (Kafka's
+        maybeResolveUnknownName: a cached name is never replaced)."""
+        cached = self.partitions.get(key)
+        if cached is not None and cached.topic_name is None:
+            cached.topic_name = topic_name
 
     def must_answer(self, key: PartitionKey, *, error: bool, has_records: bool,
                     high_watermark: int, last_stable_offset: int,
