@@ -13,7 +13,9 @@ in request order. Every stage in between lives here, each small enough to test a
 - authenticate (`authenticate`): on a SASL listener, until the login succeeds only what
   the connection's SASL state allows passes (security/sasl.py: ApiVersions, then
   SaslHandshake, then SaslAuthenticate); anything else raises `SaslStateError` and the
-  connection closes, as Kafka's SaslServerAuthenticator does.
+  connection closes, as Kafka's SaslServerAuthenticator does. After a SaslHandshake v0
+  the frames until the login completes are raw SASL tokens (no request header): they go
+  to handlers/sasl.py's `raw_token`, not to the decoder.
 - authorize: the checks are per resource (a Produce may write one topic and be refused
   another), so each handler asks `RequestContext.authorized` for what Kafka's KafkaApis
   checks for that API (docs/security.md has the table); the stage itself passes.
@@ -46,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from onceflow.broker.access import Access, Session
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import HANDLERS, Handler, RequestContext
+from onceflow.broker.handlers.sasl import raw_token
 from onceflow.broker.quotas import (
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
@@ -105,7 +108,7 @@ def authenticate(request: Request, peer: Peer) -> None:
     raises SaslStateError (the connection closes) for any other."""
     session = peer.session
     if session is not None and session.sasl is not None:
-        session.sasl.check(request.header.api_key)
+        session.sasl.check(request.header.api_key, request.header.api_version)
 
 
 def authorize(request: Request, peer: Peer) -> None:
@@ -136,7 +139,11 @@ class RequestPipeline:
     def start(self, frame: bytes | memoryview, peer: Peer,
               close: Callable[[str], None]) -> Awaitable[Answer | bytes] | bytes:
         """Decode and admit one request: the work that answers it (to run as a task), or
-        an answer already encoded. `close(reason)` closes the connection (faults)."""
+        an answer already encoded. `close(reason)` closes the connection (faults).
+        After a SaslHandshake v0 the frame is a raw SASL token, not a request."""
+        session = peer.session
+        if session is not None and session.sasl is not None and session.sasl.raw_tokens():
+            return raw_token(self._state, session, bytes(frame))
         request = decode(frame)
         if isinstance(request, bytes):
             return request

@@ -190,10 +190,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # adds the member type (KIP-1099).
     ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1),
     # Security (issue 13). SaslHandshake v1 and SaslAuthenticate: tokens framed as
-    # requests (KIP-152); v0 handshakes (raw tokens after it) are not offered. v2 of
+    # requests (KIP-152); after a v0 handshake the tokens come raw (size-prefixed, no
+    # header), as Kafka 4 still accepts (security/sasl.py). v2 of
     # SaslAuthenticate carries the session lifetime (KIP-368). ACL APIs from v1 (prefixed
     # patterns, KIP-290; v0 is gone from Kafka 4); the SCRAM APIs have only v0.
-    ApiKey.SASL_HANDSHAKE: (1, 1),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.DESCRIBE_ACLS: (1, 3),
     ApiKey.CREATE_ACLS: (1, 3),

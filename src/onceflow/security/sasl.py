@@ -24,6 +24,15 @@ closes the connection (`SaslStateError`). The states:
   connection, as Kafka closes it.
 - FAILED: nothing; the connection closes after the failure answer is written.
 
+SaslHandshake v0 (Kafka still accepts it; clients from before Kafka 1.0 send it): after
+it the client sends its SASL tokens raw - a 4-byte size and the token, no request header
+and no SaslAuthenticate - and the broker answers each with its own token framed the same
+way (an empty one for PLAIN), as Kafka's SaslServerAuthenticator does when the handshake
+did not enable "SaslAuthenticate headers". `check` learns it at admission
+(`raw_tokens`), so the connection hands the next frames to `authenticate` unparsed until
+the login completes. A failure has no answer in this framing: the connection closes
+(after the failure delay). Same token bound, same login deadline, same mechanisms.
+
 Passwords and tokens never reach an exception message or a log line here.
 """
 
@@ -108,6 +117,8 @@ class SaslSession:
         # the handlers of the earlier ones ran, so a second SaslHandshake sent right
         # behind the first must already be refused (see check()).
         self._admitted = SaslState.HANDSHAKE_OR_VERSIONS
+        # A SaslHandshake v0 was admitted: tokens come raw, not in SaslAuthenticate.
+        self._raw_tokens = False
         self.mechanism: str | None = None
         self.principal: str | None = None
         self._scram: scramp.core.ScramServer | None = None
@@ -118,7 +129,13 @@ class SaslSession:
             return self.state != SaslState.FAILED
         return api_key in _ALLOWED[self._admitted]
 
-    def check(self, api_key: int) -> None:
+    def raw_tokens(self) -> bool:
+        """Whether the next frame is a raw SASL token (after a SaslHandshake v0), not a
+        Kafka request: true from that handshake's admission until the login completes."""
+        return self._raw_tokens and self._admitted == SaslState.AUTHENTICATE \
+            and self.state != SaslState.FAILED
+
+    def check(self, api_key: int, api_version: int = 1) -> None:
         """Admit a request (the pipeline, in arrival order) or raise SaslStateError."""
         if not self.allows(api_key):
             name = ApiKey(api_key).name if api_key in ApiKey._value2member_map_ else api_key
@@ -132,6 +149,7 @@ class SaslSession:
                                      "(connections.max.reauth.ms)")
         elif api_key == ApiKey.SASL_HANDSHAKE:
             self._admitted = SaslState.AUTHENTICATE
+            self._raw_tokens = api_version == 0
 
     @property
     def logged_in(self) -> bool:
