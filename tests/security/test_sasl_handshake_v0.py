@@ -18,7 +18,7 @@ import scramp
 
 from onceflow.broker.embedded import Broker
 from onceflow.protocol.apis import ApiKey
-from onceflow.security.sasl import SASL_TOKEN_BYTES_MAX
+from onceflow.security.sasl import SASL_TOKEN_BYTES_MAX, SaslSession
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,6 +116,31 @@ def test_wrong_password_is_closed_without_answer_or_secret_in_logs(broker, mecha
             assert _token(sock, client.get_client_final().encode()) is None
     assert "authentication (raw tokens) from" in caplog.text
     assert wrong not in caplog.text and PASSWORD not in caplog.text
+
+
+def test_handshake_and_token_sent_together(broker):
+    """The token right behind the v0 handshake, before its answer: still read as a token."""
+    name = b"PLAIN"
+    token = f"\0alice\0{PASSWORD}".encode()
+    with _connect(broker) as sock:
+        sock.sendall(_request(ApiKey.SASL_HANDSHAKE, 0, 1, struct.pack(">h", len(name)) + name)
+                     + struct.pack(">i", len(token)) + token)
+        handshake = _read_frame(sock)
+        assert handshake is not None and struct.unpack_from(">ih", handshake) == (1, 0)
+        assert _read_frame(sock) == b""
+        assert _metadata_answered(sock)
+
+
+def test_session_admits_raw_tokens_only_after_a_v0_handshake():
+    def session() -> SaslSession:
+        return SaslSession(("PLAIN",), lambda _u, _m: None, lambda u, p: (u, p) == ("a", "b"))
+
+    framed, raw = session(), session()
+    framed.check(ApiKey.SASL_HANDSHAKE, 1)
+    raw.check(ApiKey.SASL_HANDSHAKE, 0)
+    assert not framed.raw_tokens() and raw.raw_tokens()
+    assert raw.handshake("PLAIN") and raw.authenticate(b"\0a\0b") == b""
+    assert not raw.raw_tokens() and raw.logged_in   # Kafka requests again
 
 
 def test_oversize_raw_token_is_refused(broker):
