@@ -99,8 +99,8 @@ class Connection(asyncio.BufferedProtocol):
         self._pending: collections.deque[
             tuple[asyncio.Future[Answer | bytes], bytes | memoryview]] = collections.deque()
         self._writer: asyncio.Task[None] | None = None
-        self._can_write = asyncio.Event()
-        self._can_write.set()
+        # Made by the first pause_writing only: most connections never need one.
+        self._can_write: asyncio.Event | None = None
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
         self._closed = False
@@ -146,15 +146,19 @@ class Connection(asyncio.BufferedProtocol):
             self._muted.cancel()
         self._closed = True
         self._shared.open.discard(self)
-        self._can_write.set()
+        if self._can_write is not None:
+            self._can_write.set()
         for task, _frame in self._pending:
             task.cancel()
 
     def pause_writing(self) -> None:
+        if self._can_write is None:
+            self._can_write = asyncio.Event()
         self._can_write.clear()
 
     def resume_writing(self) -> None:
-        self._can_write.set()
+        if self._can_write is not None:
+            self._can_write.set()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._frames.get_buffer()
@@ -228,7 +232,8 @@ class Connection(asyncio.BufferedProtocol):
                     self._transport.writelines(payload)
                 else:
                     self._transport.write(payload)
-                await self._can_write.wait()
+                if self._can_write is not None:
+                    await self._can_write.wait()
             if self._peer.muted_until:
                 self._mute()
             if self._login_failed():
