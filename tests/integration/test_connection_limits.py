@@ -69,19 +69,22 @@ def test_a_connection_over_the_per_ip_limit_is_closed_and_the_others_carry_on(tm
         quotas = broker.server.connections.quotas
         wait_for(lambda: quotas.total == 0, "the admin client's connection to close", WAIT_S)
         # librdkafka: one connection for the producer, two for a group consumer (its
-        # broker and its group coordinator): the three the limit allows.
+        # broker and its group coordinator): the three the limit allows. (A client's
+        # bootstrap connection may briefly overlap its successor and be refused once;
+        # librdkafka reconnects, so only the steady state is checked.)
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        produce(producer, topic, [b"before"])
         consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers,
                              "group.id": unique("g"), "auto.offset.reset": "earliest"})
         try:
             consumer.subscribe([topic])
-            produce(producer, topic, [b"before"])
             consume(consumer, {b"before"})
             wait_for(lambda: quotas.total == 3, "the clients' three connections", WAIT_S)
+            refused = metric(broker, "onceflow_connections_refused_total")
 
             with connect(broker) as fourth:
                 assert api_versions(fourth) == b""   # closed, nothing answered
-            assert metric(broker, "onceflow_connections_refused_total") == 1
+            assert metric(broker, "onceflow_connections_refused_total") == refused + 1
             assert quotas.total == 3
 
             values = [b"after-%d" % n for n in range(10)]
