@@ -14,6 +14,7 @@ from onceflow.protocol.framing import (
     DIRECT_FRAME_BYTES_MIN,
     FRAME_BYTES_MAX_DEFAULT,
     HEAD_BYTES,
+    HEAD_SMALL_BYTES,
     BufferPool,
     FrameReader,
     encode_frame,
@@ -232,3 +233,32 @@ def test_bytes_after_a_bad_size_are_dropped_not_buffered() -> None:
         reader.next_frame()
     with pytest.raises(ProtocolError):
         reader.receive_data(b"more")
+
+
+def test_an_idle_reader_holds_only_the_small_head() -> None:
+    """A quiet connection's memory (issue 19): after a burst that needed the large head,
+    the first short read sends the large head back to the pool for the next burst."""
+    pool = BufferPool()
+    reader = FrameReader(FRAME_BYTES_MAX_DEFAULT, pool)
+    assert reader.held_bytes == HEAD_SMALL_BYTES
+    burst = [bytes([n]) * 1000 for n in range(100)]  # many small frames, one large read
+    reader.receive_data(b"".join(encode_frame(payload) for payload in burst))
+    assert drain(reader) == burst
+    reader.receive_data(encode_frame(b"quiet"))
+    assert drain(reader) == [b"quiet"]
+    reader.get_buffer()  # the socket's next read: the small head is enough
+    assert reader.held_bytes == HEAD_SMALL_BYTES
+    assert pool.idle_bytes == HEAD_BYTES
+    reader.receive_data(b"".join(encode_frame(payload) for payload in burst))
+    assert drain(reader) == burst
+    assert pool.idle_bytes == 0  # the same large head, reused
+
+
+def test_a_small_frame_larger_than_the_small_head_is_read_whole() -> None:
+    payload = bytes(range(256)) * ((DIRECT_FRAME_BYTES_MIN - 100) // 256)
+    assert HEAD_SMALL_BYTES < len(payload) < DIRECT_FRAME_BYTES_MIN
+    reader = FrameReader(FRAME_BYTES_MAX_DEFAULT)
+    frame = encode_frame(payload)
+    for start in range(0, len(frame), 1500):  # reads shorter than the small head
+        reader.receive_data(frame[start : start + 1500])
+    assert drain(reader) == [payload]

@@ -121,6 +121,11 @@ class BrokerConfig:
     # A SASL connection not logged in within this long is closed (no Kafka setting of this
     # name; Kafka's connections.max.idle.ms bounds idle connections).
     sasl_authentication_timeout_ms: int = 30_000
+    # Connection limits (issue 19), Kafka's names and defaults (Integer.MAX_VALUE: none);
+    # read at accept time through connection_quotas.connection_limits.
+    max_connections: int = 2**31 - 1                     # max.connections
+    max_connections_per_ip: int = 2**31 - 1              # max.connections.per.ip
+    max_connections_per_ip_overrides: str = ""           # max.connections.per.ip.overrides
 
     def listener_list(self) -> tuple[Listener, ...]:
         """The configured listeners (parsed; raises ListenerError on bad syntax)."""

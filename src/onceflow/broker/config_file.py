@@ -123,6 +123,9 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", _int(1)),
     "group.consumer.session.timeout.ms": ("consumer_group_session_timeout_ms", _int(1)),
     "group.consumer.heartbeat.interval.ms": ("consumer_group_heartbeat_interval_ms", _int(1)),
+    "max.connections": ("max_connections", _int(0)),
+    "max.connections.per.ip": ("max_connections_per_ip", _int(0)),
+    "max.connections.per.ip.overrides": ("max_connections_per_ip_overrides", str.strip),
 }
 _MINUTES_MS, _HOURS_MS = 60_000, 3_600_000
 # Broker log.* default -> (topic config, multiplier to its unit); the first of a group wins

@@ -20,7 +20,9 @@ frames are read (so the client's close is seen) but discarded unperformed.
 
 `Connections` is what the connections of one broker share - the pipeline, the frame
 pool, the fault injector's `refuses` hook - and the set of open ones, which fault
-injection (a node going down) and shutdown close.
+injection (a node going down) and shutdown close. It also applies the connection limits
+at accept (`admit`, broker/connection_quotas.py): a connection over its IP's limit is
+closed at once; one over max.connections waits, not read from, until another closes.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from collections.abc import Callable
 
 from onceflow.broker.access import Access, Session
 from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX
+from onceflow.broker.connection_quotas import (
+    WAITING_CONNECTIONS_MAX,
+    ConnectionLimits,
+    ConnectionQuotas,
+    normalized_address,
+)
 from onceflow.broker.faults import LOST_ANSWER
+from onceflow.broker.metrics import BrokerMetrics
 from onceflow.broker.pipeline import Answer, Peer, RequestPipeline
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import BufferPool, FrameReader
@@ -52,7 +61,9 @@ class Connections:
 
     def __init__(self, pipeline: RequestPipeline, refuses: Callable[[int], bool],
                  frame_bytes_max: int, access: Access,
-                 sasl_authentication_timeout_ms: int = 30_000) -> None:
+                 sasl_authentication_timeout_ms: int = 30_000,
+                 limits: Callable[[], ConnectionLimits] = ConnectionLimits,
+                 metrics: BrokerMetrics | None = None) -> None:
         self.pipeline = pipeline
         self.access = access
         self.sasl_authentication_timeout_ms = sasl_authentication_timeout_ms
@@ -60,6 +71,12 @@ class Connections:
         self.frame_bytes_max = frame_bytes_max
         self.frame_pool = BufferPool()  # large request frames, shared by all connections
         self.open: set[Connection] = set()
+        # Connection limits: `limits()` is called at every accept (a dynamic config may
+        # change what it returns); connections over max.connections wait here, FIFO.
+        self.limits = limits
+        self.quotas = ConnectionQuotas()
+        self.waiting: collections.deque[Connection] = collections.deque()
+        self.metrics = metrics
         # The connections' answer writers still running: a broker stopping waits for them,
         # so none is left pending when its event loop closes.
         self.writers: set[asyncio.Future] = set()
@@ -68,6 +85,58 @@ class Connections:
     def accept(self, node_id: int, listener: Listener) -> Connection:
         """The protocol of a connection just accepted by node `node_id`'s `listener`."""
         return Connection(self, node_id, listener)
+
+    def admit(self, connection: Connection) -> None:
+        """A connection just made: take it on, let it wait for a slot, or close it."""
+        limits = self.limits()
+        if not self.waiting and self.quotas.slot_available(limits):
+            self._take_on(connection, limits)
+        elif len(self.waiting) >= WAITING_CONNECTIONS_MAX:
+            self._refuse(connection, "max.connections",
+                         "max.connections reached and the wait queue is full")
+        else:
+            connection.wait()
+            self.waiting.append(connection)
+            self._count_waiting()
+
+    def release(self, connection: Connection) -> None:
+        """A connection closed: uncount it and take on those waiting for its slot."""
+        if connection.address is None:    # never taken on
+            if connection in self.waiting:
+                self.waiting.remove(connection)
+                self._count_waiting()
+            return
+        self.quotas.dec(connection.address)
+        connection.address = None
+        if self.metrics is not None:
+            self.metrics.connection_closed(connection.listener_name)
+        if self.waiting:
+            limits = self.limits()
+            while self.waiting and self.quotas.slot_available(limits):
+                self._take_on(self.waiting.popleft(), limits)
+            self._count_waiting()
+
+    def _take_on(self, connection: Connection, limits: ConnectionLimits) -> None:
+        address = connection.peer_address
+        if not self.quotas.inc(address, limits):
+            self._refuse(connection, "max.connections.per.ip",
+                         f"address {address} already has the configured maximum of "
+                         f"{limits.per_ip(address)} connections")
+            return
+        connection.address = address
+        if self.metrics is not None:
+            self.metrics.connection_opened(connection.listener_name)
+        connection.serve()
+
+    def _refuse(self, connection: Connection, limit: str, reason: str) -> None:
+        """Kafka's acceptor closes it at once (TooManyConnectionsException, INFO)."""
+        if self.metrics is not None:
+            self.metrics.connection_refused(limit)
+        connection.close(f"rejected: {reason}")
+
+    def _count_waiting(self) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_waiting(len(self.waiting))
 
     def close_node(self, node_id: int, reason: str) -> None:
         for connection in list(self.open):
@@ -99,8 +168,8 @@ class Connection(asyncio.BufferedProtocol):
         self._pending: collections.deque[
             tuple[asyncio.Future[Answer | bytes], bytes | memoryview]] = collections.deque()
         self._writer: asyncio.Task[None] | None = None
-        self._can_write = asyncio.Event()
-        self._can_write.set()
+        # Made by the first pause_writing only: most connections never need one.
+        self._can_write: asyncio.Event | None = None
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
         self._closed = False
@@ -108,6 +177,8 @@ class Connection(asyncio.BufferedProtocol):
         self._login_deadline: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # set once an answer was lost
         self._muted: asyncio.TimerHandle | None = None   # a throttled client's quiet time
+        # The peer's IP address while it is counted against the connection limits.
+        self.address: str | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -115,12 +186,36 @@ class Connection(asyncio.BufferedProtocol):
     def node_id(self) -> int:
         return self._peer.node_id
 
+    @property
+    def listener_name(self) -> str:
+        return self._listener.name
+
+    @property
+    def peer_address(self) -> str:
+        """The peer's IP address (what max.connections.per.ip counts)."""
+        return normalized_address(self._peer.client_host[1:])
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  (uvloop's is not a subclass)
         if self._shared.refuses(self.node_id):
             self._drop("fault injection: connection refused")
             return
         self._peer.client_host = _client_host(transport)  # DescribeGroups shows it (issue 4)
+        self._shared.admit(self)   # serve() now, later (max.connections), or close
+
+    def wait(self) -> None:
+        """Over max.connections: read nothing until `serve` (Kafka: left in the backlog)."""
+        assert self._transport is not None
+        self._shared.open.add(self)   # shutdown and fault injection close it too
+        self._reading_paused = True
+        self._transport.pause_reading()
+
+    def serve(self) -> None:
+        """Taken on (within the connection limits): the session starts."""
+        transport = self._transport
+        assert transport is not None
+        if self._closed:   # closed while it waited (shutdown, fault injection)
+            return
         self._peer.session = _session(self._shared.access, self._listener, transport)
         if self._peer.session is None:
             self._drop("no ssl.principal.mapping.rules rule applies to the client "
@@ -131,6 +226,10 @@ class Connection(asyncio.BufferedProtocol):
             # An unauthenticated peer may not hold a connection for ever.
             self._login_deadline = asyncio.get_running_loop().call_later(
                 self._shared.sasl_authentication_timeout_ms / 1000, self._login_overdue)
+        if self._reading_paused:   # it waited for its slot
+            self._reading_paused = False
+            transport.resume_reading()
+            self._take_frames()   # any read before the pause took hold (uvloop)
 
     def _login_overdue(self) -> None:
         session = self._peer.session
@@ -146,15 +245,20 @@ class Connection(asyncio.BufferedProtocol):
             self._muted.cancel()
         self._closed = True
         self._shared.open.discard(self)
-        self._can_write.set()
+        self._shared.release(self)
+        if self._can_write is not None:
+            self._can_write.set()
         for task, _frame in self._pending:
             task.cancel()
 
     def pause_writing(self) -> None:
+        if self._can_write is None:
+            self._can_write = asyncio.Event()
         self._can_write.clear()
 
     def resume_writing(self) -> None:
-        self._can_write.set()
+        if self._can_write is not None:
+            self._can_write.set()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._frames.get_buffer()
@@ -162,8 +266,23 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
+        if self.address is None:
+            # Waiting for a slot: uvloop starts reading after connection_made whatever it
+            # did, so one read may come before the pause holds. Kept for serve().
+            try:
+                self._frames.buffer_updated(nbytes)
+            except ProtocolError:
+                pass   # remembered by the reader: raised again when the frames are taken
+            if self._transport is not None:
+                self._transport.pause_reading()
+            return
+        self._take_frames(nbytes)
+
+    def _take_frames(self, nbytes: int = 0) -> None:
+        """Pass `nbytes` more to the reader and start every complete frame."""
         try:
-            self._frames.buffer_updated(nbytes)
+            if nbytes:
+                self._frames.buffer_updated(nbytes)
             while (frame := self._frames.next_frame()) is not None:
                 if self._stalled is not None:   # the path is broken: nothing arrives
                     self._shared.frame_pool.give(frame)
@@ -228,7 +347,8 @@ class Connection(asyncio.BufferedProtocol):
                     self._transport.writelines(payload)
                 else:
                     self._transport.write(payload)
-                await self._can_write.wait()
+                if self._can_write is not None:
+                    await self._can_write.wait()
             if self._peer.muted_until:
                 self._mute()
             if self._login_failed():

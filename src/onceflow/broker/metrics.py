@@ -140,6 +140,22 @@ class BrokerMetrics:
             "onceflow_log_storage_errors", "Produce answers KAFKA_STORAGE_ERROR: the partition's "
             "log failed to write or fsync (disk full, I/O error) and is offline for writes until "
             "a restart.", ["topic"], registry=self.registry)
+        # Connections (issue 19), by listener name: Kafka's connection-count and
+        # connection-creation-total (socket-server-metrics, per listener).
+        self._connections = Gauge(
+            "onceflow_connections", "Open connections, by listener (Kafka's connection-count).",
+            ["listener"], registry=self.registry)
+        self._connections_created = Counter(
+            "onceflow_connections_created", "Connections taken on, by listener (Kafka's "
+            "connection-creation-total).", ["listener"], registry=self.registry)
+        self._connections_refused = Counter(
+            "onceflow_connections_refused", "Connections closed at accept, by reason: "
+            "max.connections.per.ip (Kafka's TooManyConnectionsException) or a full wait "
+            "queue at max.connections.", ["reason"], registry=self.registry)
+        self._connections_waiting = Gauge(
+            "onceflow_connections_waiting", "Connections accepted at max.connections and "
+            "waiting for a free slot (Kafka's acceptor is blocked meanwhile).",
+            registry=self.registry)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, counter: Counter, *labels: str) -> Any:
@@ -190,6 +206,19 @@ class BrokerMetrics:
 
     def storage_error(self, topic: str) -> None:
         self._child(self._storage_errors, topic).inc()
+
+    def connection_opened(self, listener: str) -> None:
+        self._child(self._connections_created, listener).inc()
+        self._child(self._connections, listener).inc()
+
+    def connection_closed(self, listener: str) -> None:
+        self._child(self._connections, listener).dec()
+
+    def connection_refused(self, reason: str) -> None:
+        self._child(self._connections_refused, reason).inc()
+
+    def connections_waiting(self, count: int) -> None:
+        self._connections_waiting.set(count)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -39,6 +39,7 @@ from onceflow.broker.admin import (
 from onceflow.broker.cluster import Cluster, Node
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.connection import Connections
+from onceflow.broker.connection_quotas import connection_limits
 from onceflow.broker.faults import FaultInjector
 from onceflow.broker.handlers import load_all
 from onceflow.broker.pipeline import RequestPipeline
@@ -93,6 +94,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        connection_limits(self.config)  # bad limits refuse to start, as Kafka's config check
         listeners = self.config.listener_list()
         tls = tls_context(self.config) if any(lsn.tls for lsn in listeners) else None
         self.access = Access(self.config)
@@ -120,9 +122,11 @@ class BrokerServer:
         txns = self.txns = TxnRuntime(state, groups)
         txns.crash_points = self.faults  # crash_after rules (tests)
         pipeline = RequestPipeline(state, groups, txns, self.faults, access=self.access)
-        connections = self.connections = Connections(pipeline, self.faults.refuses,
-                                                     self.config.frame_bytes_max, self.access,
-                                                     self.config.sasl_authentication_timeout_ms)
+        connections = self.connections = Connections(
+            pipeline, self.faults.refuses, self.config.frame_bytes_max, self.access,
+            self.config.sasl_authentication_timeout_ms,
+            # max.connections, max.connections.per.ip(.overrides), read at every accept
+            limits=lambda: connection_limits(self.config), metrics=state.metrics)
         self.faults.attach(loop, state.cluster, state.metrics, connections.close_node)
         groups.start()  # load __consumer_offsets, timers
         txns.start()  # load __transaction_state, timers

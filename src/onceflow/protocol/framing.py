@@ -15,8 +15,14 @@ waited for, so a peer announcing a 2 GiB frame is refused after 4 bytes instead
 of after we have buffered it. A bad size behind complete frames is reported once
 those frames have been taken, so every good request before it is still served.
 
-Where the bytes land. Reads go into a fixed `head` buffer while no large frame
-is under way. Complete frames of the head are cut out at once (a copy, cheap at
+Where the bytes land. Reads go into a `head` buffer while no large frame is
+under way. An idle connection holds only a small head (`HEAD_SMALL_BYTES`,
+room for the small requests a quiet client sends); a read that fills it means
+the peer is streaming, and the head is swapped for a large one (`HEAD_BYTES`,
+from the pool) that takes many small requests per read. Once the large head is
+empty again after a read that would have fitted the small one (or after a
+large frame), it goes back to the pool, so ten thousand idle connections do
+not each keep 128 KiB. Complete frames of the head are cut out at once (a copy, cheap at
 their size). A frame of at least `DIRECT_FRAME_BYTES_MIN` that is not complete
 yet gets a buffer of its own from a `BufferPool`: the bytes of it already in the
 head are copied there once (right after a large frame only a short read goes to
@@ -25,15 +31,18 @@ rest of that frame, so the socket writes the body (Produce's records: nearly
 every byte) straight to its final place, and `next_frame` returns a memoryview
 of it. Produce is decoded without copying its records (codec.py), so a record
 batch is copied by the kernel from the socket into that buffer and by the kernel
-from there into the log, and by nobody in between.
+from there into the log, and by nobody in between. After a large frame the
+next read goes to the small head: a peer that sent one large frame usually
+sends another, and all but that short prefix of it then lands in its own buffer
+instead of being copied out of a head.
 
 Recycling. Allocating a fresh multi-megabyte buffer per request costs page faults
 and zeroing for every byte, about what a copy costs; `BufferPool.give(frame)`
 takes a large frame's buffer back once its request is done, and reuses it only if
 no view of it is alive any more (see `BufferPool.give`), so a view kept by
 mistake can never see its bytes overwritten. The pool keeps at most
-`pool_bytes_max` idle bytes. Memory held by a reader is bounded by the head plus
-one frame under way (at most `frame_bytes_max`) plus the frames not yet taken.
+`pool_bytes_max` idle bytes. Memory held by a reader is bounded by the two heads
+plus one frame under way (at most `frame_bytes_max`) plus the frames not yet taken.
 """
 
 from __future__ import annotations
@@ -59,21 +68,23 @@ FRAME_BYTES_MAX_DEFAULT = 100 * 1024 * 1024
 # The size prefix: int32, big-endian, counting the bytes after itself.
 FRAME_SIZE = struct.Struct(">i")
 
-# Reads land here while no large frame is under way: room for many small requests
-# per read, and small enough that cutting frames out of it stays cache-friendly.
+# Reads land in a head while no large frame is under way. The large head has room
+# for many small requests per read, and is small enough that cutting frames out of
+# it stays cache-friendly; a power of two, so that the pool recycles it.
 HEAD_BYTES = 128 * 1024
+# The head of a quiet connection (every connection holds one for its lifetime): an
+# ApiVersions, Metadata or Fetch request fits; a read that fills it brings in the
+# large head. Also the first read after a large frame (see the module docstring).
+HEAD_SMALL_BYTES = 2 * 1024
 # From this size an incomplete frame is read into its own buffer (no copy after the
 # read); below it, copying the frame out of the head costs less than a pooled buffer.
 # Must leave room for a size prefix in the head, so that every smaller frame fits.
 DIRECT_FRAME_BYTES_MIN = 16 * 1024
-# After a large frame, the next read into an empty head takes at most this much: a
-# peer that sent one large frame usually sends another, and all but this prefix of
-# it then lands in its own buffer instead of being copied out of the head.
-HEAD_PEEK_BYTES = 4 * 1024
 # Idle pooled buffers kept for reuse, all sizes together; more are freed.
 POOL_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 
 assert DIRECT_FRAME_BYTES_MIN + FRAME_SIZE.size <= HEAD_BYTES
+assert HEAD_SMALL_BYTES < HEAD_BYTES and HEAD_BYTES & (HEAD_BYTES - 1) == 0
 
 
 class BufferPool:
@@ -145,8 +156,10 @@ class FrameReader:
         "_large",
         "_large_filled",
         "_large_size",
-        "_peek",
         "_pool",
+        "_shrink",
+        "_small",
+        "_small_view",
         "_start",
     )
 
@@ -155,22 +168,28 @@ class FrameReader:
             raise ValueError(f"frame_bytes_max must be positive, got {frame_bytes_max}")
         self._frame_bytes_max = frame_bytes_max
         self._pool = pool if pool is not None else BufferPool(0)
-        self._head = bytearray(HEAD_BYTES)
-        # Frames are cut out through this view (one copy; slicing the bytearray would
-        # copy twice). The head is never resized, so the view may live as long as it.
-        self._head_view = memoryview(self._head)
+        self._small = bytearray(HEAD_SMALL_BYTES)
+        self._small_view = memoryview(self._small)
+        # The head in use: the small one or a large one from the pool. Frames are cut
+        # out through its view (one copy; slicing the bytearray would copy twice). A
+        # head is never resized, so the view may live as long as it.
+        self._head, self._head_view = self._small, self._small_view
         self._start = self._end = 0  # unparsed bytes of the head: [_start, _end)
         # The large frame under way, if any: a view of exactly its bytes in a pooled buffer.
         self._large: memoryview | None = None
         self._large_size = self._large_filled = 0
-        self._peek = False  # the last frame was large: read only HEAD_PEEK_BYTES next
-        self._frames: collections.deque[bytes | memoryview] = collections.deque()
+        # Go back to the small head once the large one is empty: the last read was
+        # short, or a large frame came (set while the head is in use by the socket).
+        self._shrink = False
+        # Complete frames not yet taken; None while there are none (an empty deque
+        # costs 600-odd bytes, times every idle connection).
+        self._frames: collections.deque[bytes | memoryview] | None = None
         self._error: ProtocolError | None = None  # a bad size behind queued frames
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes received and not yet returned as frames (size prefixes included)."""
-        queued = sum(FRAME_SIZE.size + len(frame) for frame in self._frames)
+        queued = sum(FRAME_SIZE.size + len(frame) for frame in self._frames or ())
         large = FRAME_SIZE.size + self._large_filled if self._large is not None else 0
         return queued + large + self._end - self._start
 
@@ -178,20 +197,25 @@ class FrameReader:
     def held_bytes(self) -> int:
         """Memory this reader holds: the head, a large frame under way, queued frames."""
         large = len(self._large.obj) if self._large is not None else 0
-        return len(self._head) + large + sum(len(frame) for frame in self._frames)
+        head = len(self._head) if self._head is not self._small else 0
+        return (len(self._small) + head + large
+                + sum(len(frame) for frame in self._frames or ()))
 
     # -- zero-copy input ------------------------------------------------------------
 
     def get_buffer(self) -> memoryview:
         """Where the next bytes from the peer go: never empty, never past a large frame."""
+        if self._shrink and self._end == 0:
+            self._use_small_head()
         if self._large is not None:
             return self._large[self._large_filled :]
         if self._error is not None:
             self._start = self._end = 0  # nothing after a bad size is ever parsed
         elif self._end == len(self._head):
-            self._compact()
-        if self._peek and self._end == 0:
-            return self._head_view[:HEAD_PEEK_BYTES]
+            if self._head is self._small:
+                self._use_large_head()
+            else:
+                self._compact()
         return self._head_view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -201,11 +225,11 @@ class FrameReader:
             # The hot path of a large request: several reads each, nothing to parse.
             self._large_filled += nbytes
             if self._large_filled == self._large_size:  # the head is empty meanwhile
-                self._frames.append(self._large)
-                self._large, self._peek = None, True
+                self._queue(self._large)
+                self._large, self._shrink = None, True
             return
         self._end += nbytes
-        self._peek = False
+        self._shrink = nbytes < HEAD_SMALL_BYTES and self._head is not self._small
         self._parse_head()
 
     # -- copying input ------------------------------------------------------------
@@ -218,6 +242,7 @@ class FrameReader:
                 target = self.get_buffer()
                 count = min(len(target), len(view))
                 target[:count] = view[:count]
+                del target  # no view of the head left, so it can go back to the pool
                 self.buffer_updated(count)
                 view = view[count:]
         self._raise_if_no_frames()
@@ -229,6 +254,7 @@ class FrameReader:
         for a large one: give it back with `BufferPool.give` when done), or None."""
         if self._frames:
             return self._frames.popleft()
+        self._frames = None
         self._raise_if_no_frames()
         return None
 
@@ -246,7 +272,7 @@ class FrameReader:
                 break
             body_start = self._start + FRAME_SIZE.size
             if size <= available - FRAME_SIZE.size:
-                self._frames.append(bytes(self._head_view[body_start : body_start + size]))
+                self._queue(bytes(self._head_view[body_start : body_start + size]))
                 self._start = body_start + size
             elif size >= DIRECT_FRAME_BYTES_MIN:
                 self._start_large(size, body_start)
@@ -256,12 +282,35 @@ class FrameReader:
             self._start = self._end = 0
         self._raise_if_no_frames()
 
+    def _queue(self, frame: bytes | memoryview) -> None:
+        if self._frames is None:
+            self._frames = collections.deque()
+        self._frames.append(frame)
+
     def _start_large(self, size: int, body_start: int) -> None:
         large = memoryview(self._pool.take(size))[:size]
         present = self._end - body_start
         large[:present] = self._head_view[body_start : self._end]
         self._large, self._large_size, self._large_filled = large, size, present
         self._start = self._end = 0
+        self._shrink = self._head is not self._small
+
+    def _use_large_head(self) -> None:
+        """The small head is full: move its unparsed bytes to a large head."""
+        head = self._pool.take(HEAD_BYTES)
+        count = self._end - self._start
+        head[:count] = self._small_view[self._start : self._end]
+        self._head, self._head_view = head, memoryview(head)
+        self._start, self._end = 0, count
+
+    def _use_small_head(self) -> None:
+        """The large head is empty: give it back (the pool reuses it only if no view
+        of it is left, see `BufferPool.give`)."""
+        self._shrink = False
+        if self._head is not self._small:
+            large_view = self._head_view
+            self._head, self._head_view = self._small, self._small_view
+            self._pool.give(large_view)
 
     def _checked_size(self, size: int) -> int | None:
         if size <= 0:
