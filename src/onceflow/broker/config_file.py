@@ -123,6 +123,12 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "transactional.id.expiration.ms": ("transactional_id_expiration_ms", _int(1)),
     "group.consumer.session.timeout.ms": ("consumer_group_session_timeout_ms", _int(1)),
     "group.consumer.heartbeat.interval.ms": ("consumer_group_heartbeat_interval_ms", _int(1)),
+    "group.consumer.min.session.timeout.ms": ("consumer_group_min_session_timeout_ms", _int(1)),
+    "group.consumer.max.session.timeout.ms": ("consumer_group_max_session_timeout_ms", _int(1)),
+    "group.consumer.min.heartbeat.interval.ms": ("consumer_group_min_heartbeat_interval_ms",
+                                                 _int(1)),
+    "group.consumer.max.heartbeat.interval.ms": ("consumer_group_max_heartbeat_interval_ms",
+                                                 _int(1)),
 }
 _MINUTES_MS, _HOURS_MS = 60_000, 3_600_000
 # Broker log.* default -> (topic config, multiplier to its unit); the first of a group wins

@@ -72,6 +72,7 @@ _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 # Kafka's ConfigResource type of dynamic broker configs (storage.resource_configs).
 RESOURCE_BROKER = 4
+RESOURCE_GROUP = 32
 # The node whose per-node log.* values the one shared log store follows (node ids of one
 # process share its storage; with --nodes 1 this is simply the broker's own).
 STORAGE_NODE_ID = 0
@@ -237,6 +238,10 @@ class BrokerState:
         dynamic = (self.resource_configs.get(RESOURCE_BROKER, "")
                    | self.resource_configs.get(RESOURCE_BROKER, str(STORAGE_NODE_ID)))
         return dict(self.config.log_defaults) | log_defaults_of(dynamic)
+
+    def group_configs(self, group_id: str) -> dict[str, str]:
+        """A group's own configs (GROUP resource, type 32), validated when stored."""
+        return self.resource_configs.get(RESOURCE_GROUP, group_id)
 
     @property
     def producer_id_expiration_ms(self) -> int:

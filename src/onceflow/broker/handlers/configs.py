@@ -21,10 +21,23 @@ from onceflow.broker.config_file import (
     effective_broker_configs,
     log_defaults_of,
 )
-from onceflow.broker.handlers import ApiKey, RequestContext, broker_configs, handles, loggers
+from onceflow.broker.handlers import (
+    ApiKey,
+    RequestContext,
+    broker_configs,
+    handles,
+    loggers,
+    resource_configs,
+)
 from onceflow.broker.handlers.broker_configs import BrokerConfigError, Layers
+from onceflow.broker.handlers.resource_configs import (
+    RESOURCE_CLIENT_METRICS,
+    RESOURCE_GROUP,
+    ResourceConfigError,
+)
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import config as topic_config
+from onceflow.storage.resource_configs import TooManyConfigs
 from onceflow.storage.store import TopicInfo
 
 RESOURCE_TOPIC = 2
@@ -168,6 +181,9 @@ def _denied(ctx: RequestContext, resource, operation: Operation) -> ErrorCode | 
     if resource.resource_type == RESOURCE_TOPIC:
         if not ctx.authorized(operation, ResourceType.TOPIC, resource.resource_name):
             return ErrorCode.topic_authorization_failed
+    elif resource.resource_type == RESOURCE_GROUP:
+        if not ctx.authorized(operation, ResourceType.GROUP, resource.resource_name):
+            return ErrorCode.group_authorization_failed
     elif not ctx.authorized_cluster(operation):
         return ErrorCode.cluster_authorization_failed
     return None
@@ -201,8 +217,48 @@ def _describe_one(ctx: RequestContext, resource, include_synonyms: bool) -> dict
         return {**result, "configs": [
             _entry(name, level, SOURCE_DYNAMIC_BROKER_LOGGER, int(topic_config.ConfigType.STRING))
             for name, level in loggers.loggers().items() if not keys or name in keys]}
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return {**result, **_describe_resource(ctx, resource, include_synonyms)}
     return {**result, "error_code": ErrorCode.invalid_request,
-            "error_message": f"unsupported resource type {resource.resource_type}"}
+            "error_message": f"Unsupported resource type: {resource.resource_type}"}
+
+
+def _describe_resource(ctx: RequestContext, resource, include_synonyms: bool) -> dict:
+    """A GROUP or CLIENT_METRICS resource (resource_configs.py)."""
+    kind, name = resource.resource_type, resource.resource_name
+    try:
+        resource_configs.check_name(kind, name, describe=True)
+    except ResourceConfigError as exc:
+        return {"error_code": exc.code, "error_message": str(exc)}
+    stored = ctx.broker.resource_configs.get(kind, name)
+    entries = resource_configs.describe(kind, stored, ctx.broker.config,
+                                        resource.configuration_keys, include_synonyms)
+    return {"configs": [_entry(key, value, source, config_type,
+                               [_synonym(*s) for s in synonyms])
+                        for key, value, source, config_type, synonyms in entries]}
+
+
+def _alter_resource(ctx: RequestContext, resource, result: dict, validate_only: bool,
+                    incremental: bool) -> dict:
+    """A GROUP or CLIENT_METRICS resource: the new set validated whole, then stored."""
+    kind, name = resource.resource_type, resource.resource_name
+    try:
+        resource_configs.check_name(kind, name, describe=False)
+        if incremental:
+            for op in resource.configs:
+                resource_configs.check_op(kind, op.name, op.config_operation)
+            updated = _apply_ops(ctx.broker.resource_configs.get(kind, name), resource.configs,
+                                 lambda _key: "")
+        else:
+            updated = {c.name: c.value for c in resource.configs}
+        resource_configs.validate(kind, updated, ctx.broker.config)
+        if not validate_only:
+            ctx.broker.resource_configs.replace(kind, name, updated)
+    except ResourceConfigError as exc:
+        return {**result, "error_code": exc.code, "error_message": str(exc)}
+    except TooManyConfigs as exc:
+        return {**result, "error_code": ErrorCode.policy_violation, "error_message": str(exc)}
+    return result
 
 
 @handles(ApiKey.DESCRIBE_CONFIGS)
@@ -264,6 +320,8 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
         return result
     if resource.resource_type == RESOURCE_BROKER:
         return _alter_broker(ctx, resource, result, validate_only, incremental=True)
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return _alter_resource(ctx, resource, result, validate_only, incremental=True)
     if resource.resource_type != RESOURCE_TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": f"Unknown resource type {resource.resource_type}"}
@@ -348,12 +406,15 @@ def _alter_legacy_one(ctx: RequestContext, resource, validate_only: bool) -> dic
     if len(set(names)) != len(names):
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": "Error due to duplicate config keys"}
-    if resource.resource_type == RESOURCE_BROKER:
+    if resource.resource_type in (RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
         nulls = [c.name for c in resource.configs if c.value is None]
         if nulls:
             return {**result, "error_code": ErrorCode.invalid_request,
                     "error_message": "Null value not supported for : " + ", ".join(nulls)}
+    if resource.resource_type == RESOURCE_BROKER:
         return _alter_broker(ctx, resource, result, validate_only, incremental=False)
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return _alter_resource(ctx, resource, result, validate_only, incremental=False)
     if resource.resource_type != RESOURCE_TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": f"Unknown resource type {resource.resource_type}"}
