@@ -79,14 +79,14 @@ def test_describe_alter_delete(broker):
     ("g", [("share.session.timeout.ms", 0, "20000")], E.invalid_config,
      "Unknown group config name: share.session.timeout.ms"),
     ("g", [("consumer.session.timeout.ms", 0, "soon")], E.invalid_config,
-     "Invalid value soon for configuration consumer.session.timeout.ms: "
-     "Not a number of type INT"),
+     ("Invalid value soon for configuration consumer.session.timeout.ms: "
+      "Not a number of type INT")),
     ("g", [("consumer.session.timeout.ms", 0, "500")], E.invalid_config,
-     "consumer.session.timeout.ms must be greater than or equal to "
-     "group.consumer.min.session.timeout.ms"),
+     ("consumer.session.timeout.ms must be greater than or equal to "
+      "group.consumer.min.session.timeout.ms")),
     ("g", [("consumer.heartbeat.interval.ms", 0, "16000")], E.invalid_config,
-     "consumer.heartbeat.interval.ms must be less than or equal to "
-     "group.consumer.max.heartbeat.interval.ms"),
+     ("consumer.heartbeat.interval.ms must be less than or equal to "
+      "group.consumer.max.heartbeat.interval.ms")),
     ("g", [("consumer.session.timeout.ms", 0, "2000"),
            ("consumer.heartbeat.interval.ms", 0, "2000")], E.invalid_config,
      "consumer.session.timeout.ms must be greater than consumer.heartbeat.interval.ms"),
