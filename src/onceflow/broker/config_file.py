@@ -319,7 +319,7 @@ def effective_broker_configs(config: BrokerConfig) -> dict[str, tuple[str, bool]
     """Kafka key -> (effective value, set statically): what DescribeConfigs on the BROKER
     resource reports. The log.* defaults appear under their millisecond/byte key
     (log.retention.hours=1 shows as log.retention.ms=3600000)."""
-    values = {key: (_kafka_value(getattr(config, name)), key in config.static_keys)
+    values = {key: (kafka_value(getattr(config, name)), key in config.static_keys)
               for key, (name, _) in BROKER_KEYS.items()}
     defaults = dict(config.log_defaults)
     for key, (topic_key, unit) in LOG_DEFAULT_KEYS.items():
@@ -328,7 +328,8 @@ def effective_broker_configs(config: BrokerConfig) -> dict[str, tuple[str, bool]
     return values
 
 
-def _kafka_value(value: Any) -> str:
+def kafka_value(value: Any) -> str:
+    """A setting's value as Kafka prints it (booleans lower case, no-limit doubles)."""
     if value == float("inf"):
         return "1.7976931348623157E308"  # Java's Double.MAX_VALUE: Kafka's "no limit"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -21,11 +21,13 @@ import dataclasses
 
 from onceflow.broker.config import BrokerConfig
 from onceflow.broker.config_file import (
+    BROKER_KEYS,
     DYNAMIC_BROKER_KEYS,
     DYNAMIC_KEY_DEFAULTS,
     LOG_DEFAULT_KEYS,
     dynamic_value_error,
     effective_broker_configs,
+    kafka_value,
 )
 from onceflow.storage import config as topic_config
 
@@ -65,7 +67,14 @@ def kafka_default(key: str) -> str | None:
         return in_unit(topic_config.TOPIC_CONFIG_DEFAULTS[topic_key], unit)
     if key in DYNAMIC_KEY_DEFAULTS:
         return DYNAMIC_KEY_DEFAULTS[key]
+    if key in BROKER_KEYS:
+        default = _FIELD_DEFAULTS.get(BROKER_KEYS[key][0], dataclasses.MISSING)
+        if default is not dataclasses.MISSING:
+            return kafka_value(default)
     return None
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(BrokerConfig)}
 
 
 def static_value(config: BrokerConfig, key: str) -> str | None:
