@@ -25,6 +25,7 @@ from onceflow.broker.handlers import (
     ApiKey,
     RequestContext,
     broker_configs,
+    config_docs,
     handles,
     loggers,
     resource_configs,
@@ -264,8 +265,19 @@ def _alter_resource(ctx: RequestContext, resource, result: dict, validate_only: 
 @handles(ApiKey.DESCRIBE_CONFIGS)
 async def describe_configs(ctx: RequestContext, body) -> dict:
     synonyms = bool(getattr(body, "include_synonyms", False))
-    return {"throttle_time": 0,
-            "results": [_describe_one(ctx, r, synonyms) for r in body.resources]}
+    results = [_describe_one(ctx, r, synonyms) for r in body.resources]
+    if getattr(body, "include_documentation", False):  # v3+
+        for result in results:
+            docs = _DOCS.get(result["resource_type"], {})
+            for entry in result["configs"]:
+                entry["documentation"] = docs.get(entry["name"])
+    return {"throttle_time": 0, "results": results}
+
+
+# DescribeConfigs documentation per resource type (BROKER_LOGGER entries have none).
+_DOCS = {RESOURCE_TOPIC: config_docs.TOPIC_DOCS, RESOURCE_BROKER: config_docs.BROKER_DOCS,
+         RESOURCE_GROUP: config_docs.GROUP_DOCS,
+         RESOURCE_CLIENT_METRICS: config_docs.CLIENT_METRICS_DOCS}
 
 
 def _apply_ops(current: dict[str, str], ops, default_of=None) -> dict[str, str]:
