@@ -136,6 +136,8 @@ def test_default_then_node_layers_sources_and_synonyms(broker, admin):
     ("", {"num.partitions": "3"}, "Cannot update these configs dynamically"),
     ("", {"log.retention.ms": "soon"}, "Invalid value soon for configuration log.retention.ms"),
     ("0", {"log.cleanup.policy": "sometimes"}, "log.cleanup.policy"),
+    ("", {"log.cleaner.min.compaction.lag.ms": "10", "log.cleaner.max.compaction.lag.ms": "5"},
+     "min.compaction.lag.ms > max.compaction.lag.ms"),
 ])
 def test_refused_keys_and_values_change_nothing(admin, name, pairs, message):
     with pytest.raises(KafkaException, match=message) as caught:

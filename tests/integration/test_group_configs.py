@@ -96,7 +96,7 @@ def test_describe_alter_delete(broker):
 def test_kafkas_refusals_store_nothing(broker, name, ops, code, message):
     result = _alter(broker.bootstrap_servers, name, ops)
     assert (result.error_code, result.error_message) == (code, message)
-    assert broker.server.state.resource_configs.names(GROUP) == []
+    assert name not in broker.server.state.resource_configs.names(GROUP)
 
 
 def _heartbeat(client: RawClient, group: str, **fields):
@@ -143,3 +143,9 @@ def test_group_configs_survive_a_restart(tmp_path):
     with Broker(tmp_path, **SETTINGS) as second:
         values = {c.name: c.value for c in _describe(second.bootstrap_servers, group).configs}
         assert values["consumer.session.timeout.ms"] == "50000"
+
+
+def test_an_unknown_operation_is_refused(broker):
+    result = _alter(broker.bootstrap_servers, "g", [("consumer.session.timeout.ms", 7, "1")])
+    assert result.error_code == E.invalid_request
+    assert "g" not in broker.server.state.resource_configs.names(GROUP)

@@ -257,6 +257,8 @@ def _alter_resource(ctx: RequestContext, resource, result: dict, validate_only: 
             ctx.broker.resource_configs.replace(kind, name, updated)
     except ResourceConfigError as exc:
         return {**result, "error_code": exc.code, "error_message": str(exc)}
+    except topic_config.InvalidConfig as exc:  # an unknown operation
+        return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
     except TooManyConfigs as exc:
         return {**result, "error_code": ErrorCode.policy_violation, "error_message": str(exc)}
     return result
@@ -364,11 +366,22 @@ def _alter_broker(ctx: RequestContext, resource, result: dict, validate_only: bo
         else:
             updated = {c.name: c.value for c in resource.configs}
         broker_configs.validate_dynamic(updated)
+        _check_log_defaults(ctx, name, updated)
     except (BrokerConfigError, topic_config.InvalidConfig) as exc:
         return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
     if not validate_only:
         ctx.broker.resource_configs.replace(RESOURCE_BROKER, name, updated)
     return result
+
+
+def _check_log_defaults(ctx: RequestContext, name: str, updated: dict[str, str]) -> None:
+    """The log defaults the storage would follow must hold together (min.compaction.lag.ms
+    not above max.compaction.lag.ms); InvalidConfig otherwise."""
+    configs = ctx.broker.resource_configs
+    default = updated if name == "" else configs.get(RESOURCE_BROKER, "")
+    node = updated if name != "" else configs.get(RESOURCE_BROKER, str(ctx.node_id))
+    topic_config.validate_topic_configs(
+        dict(ctx.broker.config.log_defaults) | log_defaults_of(default) | log_defaults_of(node))
 
 
 def _check_list_op(op, layers: Layers) -> None:
