@@ -207,3 +207,10 @@ def test_dynamic_configs_survive_a_restart(tmp_path):
             "compact,delete", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
         topic = create_topic(second.bootstrap_servers, unique("after"))
         assert second.server.state.store.log_config(topic).retention_ms == 3_600_000
+
+
+def test_a_setting_of_the_embedded_broker_is_its_default(admin):
+    # The module's broker runs with log.retention.check.interval.ms=200 (not Kafka's 300000).
+    entry = _describe(admin, ConfigResource.Type.BROKER, "0")["log.retention.check.interval.ms"]
+    assert (entry.value, entry.source, entry.is_read_only) == (
+        str(CHECK_INTERVAL_MS), ConfigSource.DEFAULT_CONFIG.value, True)

@@ -107,12 +107,20 @@ class Layers:
         if per_broker:
             levels = [(self.node, SOURCE_DYNAMIC_BROKER), *levels,
                       ({k: static_value(self.config, k) for k in group}, SOURCE_STATIC_BROKER),
-                      ({k: kafka_default(k) for k in group}, SOURCE_DEFAULT)]
+                      ({k: self.default_value(k) for k in group}, SOURCE_DEFAULT)]
         for values, source in levels:
             found += [(k, values[k], source) for k in group if values.get(k) is not None]
         while drop_before_key and found and found[0][0] != key:
             found.pop(0)
         return found
+
+    def default_value(self, key: str) -> str | None:
+        """The DEFAULT_CONFIG layer: a broker field's value when no server.properties key set
+        it (Kafka's default, or what a command-line flag or an embedded broker's setting
+        made it), else Kafka's default of the key."""
+        if key in BROKER_KEYS and key not in LOG_DEFAULT_KEYS:
+            return kafka_value(getattr(self.config, BROKER_KEYS[key][0]))
+        return kafka_default(key)
 
     def topic_synonyms(self, topic_key: str) -> list[tuple[str, str | None, int]]:
         """The broker layers under a topic config (its group's first key leads)."""
