@@ -89,7 +89,12 @@ def test_broker_configs_are_typed_and_read_only(onceflow_broker, admin):
     resource = ConfigResource(ConfigResource.Type.BROKER, "0")
     configs = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
     assert configs["broker.id"].value == "0"
-    assert all(entry.is_read_only for entry in configs.values())
+    # Only Kafka's dynamic keys onceflow acts on can be altered (test_dynamic_broker_configs).
+    assert not configs["log.retention.ms"].is_read_only
+    assert all(entry.is_read_only for key, entry in configs.items()
+               if not key.startswith("log.") and key not in (
+                   "compression.type", "min.insync.replicas", "message.max.bytes",
+                   "producer.id.expiration.ms", "max.connections", "max.connections.per.ip"))
     assert all(entry.value is None for entry in configs.values() if entry.is_sensitive)
     # confluent-kafka does not expose config_type: DescribeConfigs v4 over a raw socket.
     name = _name("typed")
@@ -211,3 +216,21 @@ def test_broker_logger_levels(onceflow_broker):
         assert _logger_ops(client, [("root", 1, None)])[0] == ErrorCode.invalid_request
         assert _logger_ops(client, [(LOGGER, 2, "INFO")])[0] == ErrorCode.invalid_request
         assert _logger_ops(client, [(LOGGER, 0, "INFO")], name="7")[0] == ErrorCode.invalid_request
+
+
+def test_documentation_when_asked(onceflow_broker, admin):
+    name = _name("docs")
+    _create(admin, name)
+    resources = [{"resource_type": 2, "resource_name": name, "configuration_keys": None},
+                 {"resource_type": 4, "resource_name": "0", "configuration_keys": None},
+                 {"resource_type": 32, "resource_name": name, "configuration_keys": None}]
+    with RawClient(onceflow_broker.bootstrap_servers) as client:
+        asked, not_asked = (client.request(DESCRIBE_CONFIGS, 4, {
+            "resources": resources, "include_synonyms": False, "include_documentation": flag})
+            for flag in (True, False))
+    for result in asked.results:
+        undocumented = [c.name for c in result.configs if not c.documentation]
+        assert result.configs and undocumented == [], (result.resource_type, undocumented)
+    topic = {c.name: c.documentation for c in asked.results[0].configs}
+    assert "segments" in topic["retention.bytes"]
+    assert all(c.documentation is None for r in not_asked.results for c in r.configs)

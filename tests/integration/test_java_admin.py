@@ -1,5 +1,7 @@
 """The Java Admin client (kafka-clients 3.9.1) against the broker: every config, log-dir,
-election and reassignment call of issue 15 in one program (tests/java/AdminOps.java)."""
+election and reassignment call of issue 15 in one program (tests/java/AdminOps.java),
+dynamic BROKER configs and CLIENT_METRICS subscriptions included (3.9.1 has no GROUP config
+resource type: test_group_configs.py covers those over a raw socket)."""
 
 from __future__ import annotations
 
@@ -33,3 +35,21 @@ def test_java_admin_calls(onceflow_broker):
         "InvalidReplicaAssignmentException"
     assert results["listPartitionReassignments"]["ongoing"] == 0
     assert "error" not in results["describeFeatures"]
+    dynamic = results["incrementalAlterConfigsBroker"]
+    key = "producer.id.expiration.ms"
+    assert (dynamic["after_default"][key]["value"], dynamic["after_default"][key]["source"]) == (
+        "90000000", "DYNAMIC_DEFAULT_BROKER_CONFIG")
+    assert (dynamic["after_node"][key]["value"], dynamic["after_node"][key]["source"]) == (
+        "90000001", "DYNAMIC_BROKER_CONFIG")
+    assert dynamic["after_node"][key]["read_only"] is False
+    assert dynamic["after_node"][key]["synonyms"] == 3  # node, cluster default, default
+    assert dynamic["default_resource"][key]["value"] == "90000000"
+    assert dynamic["removed"][key]["source"] == "STATIC_BROKER_CONFIG" or \
+        dynamic["removed"][key]["source"] == "DEFAULT_CONFIG"
+    refused = results["incrementalAlterConfigsBrokerRefused"]
+    assert refused["error"] == "InvalidRequestException"
+    assert "Cannot update these configs dynamically" in refused["message"]
+    metrics = results["clientMetrics"]
+    assert metrics["listed"] is True
+    assert (metrics["configs"]["interval.ms"]["value"],
+            metrics["configs"]["interval.ms"]["source"]) == ("1000", "DYNAMIC_CLIENT_METRICS_CONFIG")

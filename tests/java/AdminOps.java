@@ -9,6 +9,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ClientMetricsResourceListing;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.Config;
 import org.apache.kafka.clients.admin.ConfigEntry;
@@ -126,6 +127,51 @@ public class AdminOps {
             });
             step("listPartitionReassignments", () -> "\"ongoing\": "
                 + admin.listPartitionReassignments().reassignments().get(30, TimeUnit.SECONDS).size());
+            // Dynamic broker configs (issue 15): the cluster default ("") and node 0's own
+            // value of a key nothing else here depends on, removed again at the end.
+            ConfigResource clusterDefault = new ConfigResource(ConfigResource.Type.BROKER, "");
+            String key = "producer.id.expiration.ms";
+            step("incrementalAlterConfigsBroker", () -> {
+                admin.incrementalAlterConfigs(Map.of(
+                    clusterDefault, List.of(new AlterConfigOp(new ConfigEntry(key, "90000000"),
+                        AlterConfigOp.OpType.SET)))).all().get(30, TimeUnit.SECONDS);
+                String afterDefault = describe(admin, brokerResource, key).substring(12);
+                admin.incrementalAlterConfigs(Map.of(
+                    brokerResource, List.of(new AlterConfigOp(new ConfigEntry(key, "90000001"),
+                        AlterConfigOp.OpType.SET)))).all().get(30, TimeUnit.SECONDS);
+                String afterNode = describe(admin, brokerResource, key).substring(12);
+                String defaults = describe(admin, clusterDefault, key).substring(12);
+                admin.incrementalAlterConfigs(Map.of(
+                    clusterDefault, List.<AlterConfigOp>of(new AlterConfigOp(new ConfigEntry(key, null),
+                        AlterConfigOp.OpType.DELETE)),
+                    brokerResource, List.<AlterConfigOp>of(new AlterConfigOp(new ConfigEntry(key, null),
+                        AlterConfigOp.OpType.DELETE)))).all().get(30, TimeUnit.SECONDS);
+                return "\"after_default\": {" + afterDefault + ", \"after_node\": {" + afterNode
+                    + ", \"default_resource\": {" + defaults + ", \"removed\": {"
+                    + describe(admin, brokerResource, key).substring(12);
+            });
+            step("incrementalAlterConfigsBrokerRefused", () -> {
+                admin.incrementalAlterConfigs(Map.of(brokerResource, List.of(new AlterConfigOp(
+                    new ConfigEntry("num.partitions", "3"), AlterConfigOp.OpType.SET))))
+                    .all().get(30, TimeUnit.SECONDS);
+                return "\"applied\": true";
+            });
+            // CLIENT_METRICS (KIP-714): stored, listed (ListConfigResources v0), deleted.
+            ConfigResource subscription = new ConfigResource(ConfigResource.Type.CLIENT_METRICS, topic);
+            step("clientMetrics", () -> {
+                admin.incrementalAlterConfigs(Map.of(subscription, List.of(new AlterConfigOp(
+                    new ConfigEntry("interval.ms", "1000"), AlterConfigOp.OpType.SET))))
+                    .all().get(30, TimeUnit.SECONDS);
+                List<String> names = new ArrayList<>();
+                for (ClientMetricsResourceListing l : admin.listClientMetricsResources().all()
+                        .get(30, TimeUnit.SECONDS))
+                    names.add(l.name());
+                String described = describe(admin, subscription, "interval.ms");
+                admin.incrementalAlterConfigs(Map.of(subscription, List.<AlterConfigOp>of(new AlterConfigOp(
+                    new ConfigEntry("interval.ms", null), AlterConfigOp.OpType.DELETE))))
+                    .all().get(30, TimeUnit.SECONDS);
+                return "\"listed\": " + names.contains(topic) + ", " + described;
+            });
             step("describeFeatures", () -> "\"finalized\": " + q(admin.describeFeatures()
                 .featureMetadata().get(30, TimeUnit.SECONDS).finalizedFeatures().keySet()));
         }

@@ -92,6 +92,12 @@ class BrokerConfig:
     # Consumer groups of the consumer group protocol (issue 16, KIP-848), Kafka's names:
     consumer_group_session_timeout_ms: int = 45_000      # group.consumer.session.timeout.ms
     consumer_group_heartbeat_interval_ms: int = 5_000    # group.consumer.heartbeat.interval.ms
+    # The bounds of a group's own consumer.session.timeout.ms / consumer.heartbeat.interval.ms
+    # (GROUP config resources), Kafka's names and defaults:
+    consumer_group_min_session_timeout_ms: int = 45_000   # group.consumer.min.session.timeout.ms
+    consumer_group_max_session_timeout_ms: int = 60_000   # group.consumer.max.session.timeout.ms
+    consumer_group_min_heartbeat_interval_ms: int = 5_000  # group.consumer.min.heartbeat.interval.ms
+    consumer_group_max_heartbeat_interval_ms: int = 15_000  # group.consumer.max.heartbeat.interval.ms
     consumer_group_assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors
     consumer_group_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
     # least time between two resolutions of a group's regexes (Kafka: 10 s, a constant)

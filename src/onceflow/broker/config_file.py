@@ -126,6 +126,12 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max.connections": ("max_connections", _int(0)),
     "max.connections.per.ip": ("max_connections_per_ip", _int(0)),
     "max.connections.per.ip.overrides": ("max_connections_per_ip_overrides", str.strip),
+    "group.consumer.min.session.timeout.ms": ("consumer_group_min_session_timeout_ms", _int(1)),
+    "group.consumer.max.session.timeout.ms": ("consumer_group_max_session_timeout_ms", _int(1)),
+    "group.consumer.min.heartbeat.interval.ms": ("consumer_group_min_heartbeat_interval_ms",
+                                                 _int(1)),
+    "group.consumer.max.heartbeat.interval.ms": ("consumer_group_max_heartbeat_interval_ms",
+                                                 _int(1)),
 }
 _MINUTES_MS, _HOURS_MS = 60_000, 3_600_000
 # Broker log.* default -> (topic config, multiplier to its unit); the first of a group wins
@@ -152,7 +158,21 @@ LOG_DEFAULT_KEYS: dict[str, tuple[str, int]] = {
     "log.message.timestamp.after.max.ms": ("message.timestamp.after.max.ms", 1),
     "compression.type": ("compression.type", 0),
     "min.insync.replicas": ("min.insync.replicas", 1),
+    "message.max.bytes": ("max.message.bytes", 1),
 }
+# Keys a running broker takes from (Incremental)AlterConfigs on a BROKER resource: Kafka's
+# DynamicBrokerConfig.AllDynamicConfigs restricted to keys onceflow acts on. Every one is
+# "cluster-wide" in Kafka's terms: settable for one node ("<id>") or as the cluster default
+# (""). The log.* defaults reach storage at once (BrokerState); the rest are read through
+# BrokerState.broker_config, whose users subscribe to changes.
+DYNAMIC_BROKER_KEYS: dict[str, Callable[[str], Any]] = {
+    **{key: (lambda text, key=key: _log_default_value(key, text)) for key in LOG_DEFAULT_KEYS},
+    "producer.id.expiration.ms": _int(1),
+    "max.connections": _int(0),
+    "max.connections.per.ip": _int(0),
+}
+# Kafka's defaults of the dynamic keys that no BrokerConfig field carries.
+DYNAMIC_KEY_DEFAULTS = {"max.connections": "2147483647", "max.connections.per.ip": "2147483647"}
 # Handled by hand below (they set several fields or depend on each other).
 _SPECIAL_KEYS = {"listeners", "advertised.listeners", "log.dirs", "log.dir",
                  "listener.security.protocol.map", "controller.listener.names",
@@ -259,11 +279,50 @@ def _log_defaults(props: Mapping[str, str], source: str) -> dict[str, str]:
     return out
 
 
+def _log_default_value(key: str, text: str) -> str:
+    """The topic config value of broker key `key` set to `text` (in the topic config's unit);
+    ValueError with Kafka's reason otherwise."""
+    topic_key, unit = LOG_DEFAULT_KEYS[key]
+    value = text.strip()
+    if unit > 1 and value != "-1":
+        try:
+            value = str(int(value) * unit)
+        except ValueError:
+            raise ValueError("Not a number of type LONG") from None
+    try:
+        parse_topic_config(topic_key, value)
+    except InvalidConfig as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return value
+
+
+def dynamic_value_error(key: str, value: str) -> str | None:
+    """Kafka's message for a bad value of dynamic broker key `key`, or None."""
+    try:
+        DYNAMIC_BROKER_KEYS[key](value)
+    except ValueError as exc:
+        return f"Invalid value {value} for configuration {key}: {exc}"
+    return None
+
+
+def log_defaults_of(configs: Mapping[str, str]) -> dict[str, str]:
+    """Topic config defaults from broker keys (valid ones; the first of a group wins, as
+    log.retention.ms over log.retention.hours)."""
+    out: dict[str, str] = {}
+    for key, (topic_key, _unit) in LOG_DEFAULT_KEYS.items():
+        if key in configs and topic_key not in out:
+            try:
+                out[topic_key] = _log_default_value(key, configs[key])
+            except ValueError:
+                logger.warning("dynamic broker config %s=%r ignored: invalid", key, configs[key])
+    return out
+
+
 def effective_broker_configs(config: BrokerConfig) -> dict[str, tuple[str, bool]]:
     """Kafka key -> (effective value, set statically): what DescribeConfigs on the BROKER
     resource reports. The log.* defaults appear under their millisecond/byte key
     (log.retention.hours=1 shows as log.retention.ms=3600000)."""
-    values = {key: (_kafka_value(getattr(config, name)), key in config.static_keys)
+    values = {key: (kafka_value(getattr(config, name)), key in config.static_keys)
               for key, (name, _) in BROKER_KEYS.items()}
     defaults = dict(config.log_defaults)
     for key, (topic_key, unit) in LOG_DEFAULT_KEYS.items():
@@ -272,11 +331,23 @@ def effective_broker_configs(config: BrokerConfig) -> dict[str, tuple[str, bool]
     return values
 
 
-def _kafka_value(value: Any) -> str:
+def kafka_value(value: Any) -> str:
+    """A setting's value as Kafka prints it (booleans lower case, no-limit doubles)."""
     if value == float("inf"):
         return "1.7976931348623157E308"  # Java's Double.MAX_VALUE: Kafka's "no limit"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-__all__ = ["BROKER_KEYS", "ConfigFileError", "LOG_DEFAULT_KEYS", "config_from_properties",
-           "effective_broker_configs", "load_config_file", "parse_properties"]
+__all__ = [
+    "BROKER_KEYS",
+    "DYNAMIC_BROKER_KEYS",
+    "DYNAMIC_KEY_DEFAULTS",
+    "LOG_DEFAULT_KEYS",
+    "ConfigFileError",
+    "config_from_properties",
+    "dynamic_value_error",
+    "effective_broker_configs",
+    "load_config_file",
+    "log_defaults_of",
+    "parse_properties",
+]

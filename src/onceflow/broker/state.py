@@ -38,6 +38,7 @@ from pathlib import Path
 
 from onceflow.broker.cluster import Cluster
 from onceflow.broker.config import BrokerConfig
+from onceflow.broker.config_file import log_defaults_of
 from onceflow.broker.metrics import BrokerMetrics
 from onceflow.broker.quotas import QUOTAS_FILE, ClientQuotas
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
@@ -55,6 +56,7 @@ from onceflow.storage.producer_state import (
     ProducerStateManager,
     Rejected,
 )
+from onceflow.storage.resource_configs import RESOURCE_CONFIGS_FILE, ResourceConfigs
 from onceflow.storage.store import Store, TopicInfo
 from onceflow.storage.txn_index import AbortedTxn
 
@@ -67,6 +69,13 @@ PRODUCER_IDS_FILE = "producer_ids"
 # [a-zA-Z0-9._-], and not "." or "..".
 TOPIC_NAME_LENGTH_MAX = 249
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+# Kafka's ConfigResource type of dynamic broker configs (storage.resource_configs).
+RESOURCE_BROKER = 4
+RESOURCE_GROUP = 32
+# The node whose per-node log.* values the one shared log store follows (node ids of one
+# process share its storage; with --nodes 1 this is simply the broker's own).
+STORAGE_NODE_ID = 0
 
 # Internal topics; clients see is_internal=True for these.
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
@@ -187,8 +196,11 @@ class BrokerState:
         cluster.load_assignments(Path(config.data_dir))
         raise_open_files_limit()
         OPEN_FILES.set_files_max(config.log_max_open_files)
-        self.store = Store(Path(config.data_dir), now_ms(),
-                           log_defaults=dict(config.log_defaults))
+        # Dynamic broker, group and client-metrics configs (issue 15), persisted.
+        self.resource_configs = ResourceConfigs.load(
+            Path(config.data_dir) / RESOURCE_CONFIGS_FILE, fsync=config.fsync)
+        self.store = Store(Path(config.data_dir), now_ms(), log_defaults=self.log_defaults())
+        self.resource_configs.subscribe(self._on_config_change)
         self.committer = GroupCommitter(fsync_enabled=config.fsync)
         self.producer_ids = ProducerIdAllocator(Path(config.data_dir) / PRODUCER_IDS_FILE,
                                                 fsync=config.fsync)
@@ -202,6 +214,43 @@ class BrokerState:
         for name, info in self.topics().items():
             for index in range(info.num_partitions):
                 self.partition(name, index)
+
+    # -- dynamic broker configs ---------------------------------------------
+
+    def broker_config(self, key: str, node_id: int) -> str | None:
+        """The dynamic value of broker key `key` for `node_id`: its own (DYNAMIC_BROKER_CONFIG)
+        over the cluster default (DYNAMIC_DEFAULT_BROKER_CONFIG); None when neither is set
+        (then the static --config value or Kafka's default applies)."""
+        own = self.resource_configs.get(RESOURCE_BROKER, str(node_id))
+        if key in own:
+            return own[key]
+        return self.resource_configs.get(RESOURCE_BROKER, "").get(key)
+
+    def add_broker_config_listener(self, listener) -> None:
+        """`listener()` is called on the event loop after any dynamic broker config changed
+        (per node or the default); it re-reads what it needs with `broker_config`."""
+        self.resource_configs.subscribe(
+            lambda resource_type, _name: listener() if resource_type == RESOURCE_BROKER else None)
+
+    def log_defaults(self) -> dict[str, str]:
+        """Topic config defaults: static log.* keys < dynamic cluster default < the storage
+        node's own dynamic values."""
+        dynamic = (self.resource_configs.get(RESOURCE_BROKER, "")
+                   | self.resource_configs.get(RESOURCE_BROKER, str(STORAGE_NODE_ID)))
+        return dict(self.config.log_defaults) | log_defaults_of(dynamic)
+
+    def group_configs(self, group_id: str) -> dict[str, str]:
+        """A group's own configs (GROUP resource, type 32), validated when stored."""
+        return self.resource_configs.get(RESOURCE_GROUP, group_id)
+
+    @property
+    def producer_id_expiration_ms(self) -> int:
+        value = self.broker_config("producer.id.expiration.ms", STORAGE_NODE_ID)
+        return int(value) if value is not None else self.config.producer_id_expiration_ms
+
+    def _on_config_change(self, resource_type: int, _name: str) -> None:
+        if resource_type == RESOURCE_BROKER:
+            self.store.set_log_defaults(self.log_defaults())
 
     # -- topics -------------------------------------------------------------
 
@@ -228,7 +277,7 @@ class BrokerState:
             return None
         partition_log = self.store.partition(topic, index)
         producers = load_producer_state(partition_log, now_ms(),
-                                        self.config.producer_id_expiration_ms)
+                                        self.producer_id_expiration_ms)
         state = PartitionState(topic, index, partition_log, producers,
                                snapshot_fsync=self.config.fsync)
         self._partitions[key] = state
@@ -257,7 +306,7 @@ class BrokerState:
 
     def expire_producers(self) -> int:
         """Forget producers idle for producer.id.expiration.ms; returns how many entries went."""
-        now, expiration_ms = now_ms(), self.config.producer_id_expiration_ms
+        now, expiration_ms = now_ms(), self.producer_id_expiration_ms
         return sum(len(p.producers.remove_expired(now, expiration_ms)) for p in self.partitions())
 
     def close(self) -> None:

@@ -89,6 +89,7 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    LIST_CONFIG_RESOURCES = 74
     DESCRIBE_TOPIC_PARTITIONS = 75
 
 
@@ -132,6 +133,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
     # KIP-966; the Java admin client (3.9+) describes topics with it when advertised.
     ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    # v0 is Kafka 3.7's ListClientMetricsResources (client-metrics subscriptions only);
+    # v1 (KIP-1142, Kafka 4.1) lists every config resource, filtered by type.
+    ApiKey.LIST_CONFIG_RESOURCES: (0, 1),
     # v2: include_fenced_brokers / is_fenced (nodes taken down count as fenced).
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
     # Advertised from the start: librdkafka enables lz4 only when FindCoordinator

@@ -245,6 +245,18 @@ class Store:
             for index in range(info.num_partitions):
                 self._logs[(name, index)].update_config(config)
 
+    def set_log_defaults(self, log_defaults: Mapping[str, str]) -> None:
+        """New broker log.* defaults (topic config names; InvalidConfigError): every log
+        without its own override of a key follows them from its next append or retention
+        pass, as Kafka's dynamic log config does."""
+        defaults = validate_topic_configs(log_defaults)
+        with self._lock:
+            self._log_defaults = defaults
+            configs = {name: self._config_of(info.configs) for name, info in self._topics.items()}
+            for (name, _index), log in self._logs.items():
+                if name in configs:
+                    log.update_config(configs[name])
+
     def close(self) -> None:
         """Closes every log cleanly (flush + clean-shutdown state)."""
         with self._lock:

@@ -75,6 +75,7 @@ _MODULES = (
     "list_offsets",
     "topics",
     "configs",
+    "list_config_resources",  # issue 15: ListConfigResources (74)
     "log_dirs",      # issue 15: DescribeLogDirs, ElectLeaders
     "reassignments",  # issue 15: Alter/ListPartitionReassignments
     "describe_topic_partitions",  # issue 15: KIP-966

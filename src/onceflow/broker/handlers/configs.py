@@ -1,28 +1,48 @@
-"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for topics (and a read-only
-broker view).
+"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs: TOPIC, BROKER and
+BROKER_LOGGER resources.
 
 Topic configs are Kafka's names with Kafka's defaults and types (storage.config). A value set
-on the topic reports source DYNAMIC_TOPIC_CONFIG, a broker log.* default from --config
-STATIC_BROKER_CONFIG, anything else DEFAULT_CONFIG; with include_synonyms each entry lists
-the layers below it as Kafka does (topic value, broker log.* key, default). Broker configs are
-static (read_only, not alterable here); keys naming a password are sensitive and their value
-is never sent. AlterConfigs (legacy) replaces all of a topic's configs with the given set.
+on the topic reports source DYNAMIC_TOPIC_CONFIG; otherwise the broker's log.* default
+from the highest layer that sets it (the node's dynamic config, the cluster-wide dynamic
+default, --config: DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
+STATIC_BROKER_CONFIG), else DEFAULT_CONFIG; with include_synonyms each entry lists the
+layers below it as Kafka does. BROKER resources: broker_configs.py (dynamic keys alterable,
+the rest read_only); keys naming a password are sensitive and their value is never sent.
+AlterConfigs (legacy) replaces all of a resource's configs with the given set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from kio.schema.errors import ErrorCode
 
-from onceflow.broker.config_file import LOG_DEFAULT_KEYS, effective_broker_configs
-from onceflow.broker.handlers import ApiKey, RequestContext, handles, loggers
+from onceflow.broker.config_file import (
+    DYNAMIC_BROKER_KEYS,
+    LOG_DEFAULT_KEYS,
+    effective_broker_configs,
+    log_defaults_of,
+)
+from onceflow.broker.handlers import (
+    ApiKey,
+    RequestContext,
+    broker_configs,
+    config_docs,
+    handles,
+    loggers,
+    resource_configs,
+)
+from onceflow.broker.handlers.broker_configs import BrokerConfigError, Layers
+from onceflow.broker.handlers.resource_configs import (
+    RESOURCE_CLIENT_METRICS,
+    RESOURCE_GROUP,
+    ResourceConfigError,
+)
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import config as topic_config
+from onceflow.storage.resource_configs import TooManyConfigs
 from onceflow.storage.store import TopicInfo
 
 RESOURCE_TOPIC = 2
-RESOURCE_BROKER = 4
+RESOURCE_BROKER = broker_configs.RESOURCE_BROKER
 RESOURCE_BROKER_LOGGER = 8
 
 # Kafka's ConfigSource values.
@@ -63,56 +83,45 @@ def _synonym(name: str, value: str | None, source: int) -> dict:
     return {"name": name, "value": value, "source": source}
 
 
-# Topic config -> the broker keys that default it, in precedence order (log.retention.ms
-# before .minutes before .hours), with each key's unit in milliseconds (0: same text).
-_BROKER_SYNONYMS: dict[str, list[tuple[str, int]]] = {}
-for _key, (_topic_key, _unit) in LOG_DEFAULT_KEYS.items():
-    _BROKER_SYNONYMS.setdefault(_topic_key, []).append((_key, _unit))
+def layers_of(ctx: RequestContext) -> Layers:
+    """The broker config layers the connection's node sees."""
+    configs = ctx.broker.resource_configs
+    return Layers(configs.get(RESOURCE_BROKER, str(ctx.node_id)),
+                  configs.get(RESOURCE_BROKER, ""), ctx.broker.config)
 
 
-def _in_unit(value: str, unit: int) -> str:
-    return value if unit in (0, 1) else str(int(value) // unit)
+def _broker_default_of(layers: Layers, name: str) -> tuple[str, int] | None:
+    """A topic config's default from the broker layers: (value in the topic's unit, source)."""
+    for values, source in ((layers.node, broker_configs.SOURCE_DYNAMIC_BROKER),
+                           (layers.default, broker_configs.SOURCE_DYNAMIC_DEFAULT_BROKER)):
+        value = log_defaults_of(values).get(name)
+        if value is not None:
+            return value, source
+    value = dict(layers.config.log_defaults).get(name)
+    return None if value is None else (value, SOURCE_STATIC_BROKER)
 
 
-def _topic_synonyms(name: str, own: str | None, broker_value: str | None,
-                    static_keys: frozenset[str]) -> list[dict]:
-    """Kafka's synonyms of a topic config, highest precedence first: the topic's value, the
-    broker key set in server.properties that won, and the default under the broker key that
-    carries it (the last of its group, as log.retention.hours=168)."""
-    synonyms = []
-    if own is not None:
-        synonyms.append(_synonym(name, own, SOURCE_DYNAMIC_TOPIC))
-    group = _BROKER_SYNONYMS.get(name, [])
-    if broker_value is not None:
-        winner = next(((k, u) for k, u in group if k in static_keys), None)
-        if winner is not None:
-            synonyms.append(_synonym(winner[0], _in_unit(broker_value, winner[1]),
-                                     SOURCE_STATIC_BROKER))
-    default = topic_config.TOPIC_CONFIG_DEFAULTS[name]
-    if group:
-        key, unit = group[-1]
-        synonyms.append(_synonym(key, _in_unit(default, unit), SOURCE_DEFAULT))
-    return synonyms
-
-
-def describe_topic_configs(info: TopicInfo, keys,
-                           broker_defaults: Mapping[str, str] | None = None,
-                           include_synonyms: bool = False,
-                           static_keys: frozenset[str] = frozenset()) -> list[dict]:
-    """Each topic config: the topic's own (DYNAMIC_TOPIC_CONFIG), else the broker's log.*
-    default from --config (STATIC_BROKER_CONFIG), else Kafka's (DEFAULT_CONFIG)."""
+def describe_topic_configs(info: TopicInfo, keys, layers: Layers,
+                           include_synonyms: bool = False) -> list[dict]:
+    """Each topic config: the topic's own (DYNAMIC_TOPIC_CONFIG), else the broker layers'
+    default (DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG),
+    else Kafka's (DEFAULT_CONFIG); synonyms: the topic's value, then the broker layers."""
     entries = []
-    broker_defaults = broker_defaults or {}
     for name, default in topic_config.TOPIC_CONFIG_DEFAULTS.items():
         if keys and name not in keys:
             continue
         config_type = int(topic_config.TOPIC_CONFIGS[name].type)
-        synonyms = (_topic_synonyms(name, info.configs.get(name), broker_defaults.get(name),
-                                    static_keys) if include_synonyms else [])
-        if name in info.configs:
-            value, source = info.configs[name], SOURCE_DYNAMIC_TOPIC
-        elif name in broker_defaults:
-            value, source = broker_defaults[name], SOURCE_STATIC_BROKER
+        own = info.configs.get(name)
+        synonyms = []
+        if include_synonyms:
+            if own is not None:
+                synonyms.append(_synonym(name, own, SOURCE_DYNAMIC_TOPIC))
+            synonyms += [_synonym(*s) for s in layers.topic_synonyms(name)]
+        inherited = _broker_default_of(layers, name)
+        if own is not None:
+            value, source = own, SOURCE_DYNAMIC_TOPIC
+        elif inherited is not None:
+            value, source = inherited
         else:
             value, source = default, SOURCE_DEFAULT
         entries.append(_entry(name, value, source, config_type, synonyms))
@@ -143,18 +152,27 @@ def broker_config_type(key: str, value: str | None) -> int:
     return int(topic_config.ConfigType.DOUBLE)
 
 
-def _broker_configs(ctx: RequestContext, keys, include_synonyms: bool) -> list[dict]:
-    """The effective broker configs: STATIC_BROKER_CONFIG when set by --config (or the
-    broker id), DEFAULT_CONFIG otherwise; read-only (no dynamic broker configs)."""
-    values = {"broker.id": (str(ctx.node_id), True)} | effective_broker_configs(ctx.broker.config)
+def _broker_configs(ctx: RequestContext, name: str, keys, include_synonyms: bool) -> list[dict]:
+    """A BROKER resource: every key of this node ("<id>") with its highest layer, or the
+    cluster-wide dynamic default's keys only (""), as Kafka describes them."""
+    broker_configs.check_describe_name(name, ctx.node_id)
+    layers = layers_of(ctx)
+    per_broker = name != ""
+    effective = effective_broker_configs(ctx.broker.config)
+    names = broker_configs.broker_keys(ctx.broker.config) if per_broker else list(layers.default)
     entries = []
-    for key, (value, static) in values.items():
+    for key in names:
         if keys and key not in keys:
             continue
-        source = SOURCE_STATIC_BROKER if static else SOURCE_DEFAULT
-        synonyms = [_synonym(key, value, source)] if include_synonyms else []
+        found = layers.synonyms(key, per_broker)
+        if key == "broker.id":
+            found = [(key, str(ctx.node_id), SOURCE_STATIC_BROKER)]
+        elif not found and key in effective:  # a broker key without a layer: its default
+            found = [(key, effective[key][0], SOURCE_DEFAULT)]
+        value, source = (found[0][1], found[0][2]) if found else (None, SOURCE_DEFAULT)
+        synonyms = [_synonym(*s) for s in found] if include_synonyms else []
         entries.append(_entry(key, value, source, broker_config_type(key, value), synonyms,
-                              read_only=True))
+                              read_only=key not in DYNAMIC_BROKER_KEYS))
     return entries
 
 
@@ -164,6 +182,9 @@ def _denied(ctx: RequestContext, resource, operation: Operation) -> ErrorCode | 
     if resource.resource_type == RESOURCE_TOPIC:
         if not ctx.authorized(operation, ResourceType.TOPIC, resource.resource_name):
             return ErrorCode.topic_authorization_failed
+    elif resource.resource_type == RESOURCE_GROUP:
+        if not ctx.authorized(operation, ResourceType.GROUP, resource.resource_name):
+            return ErrorCode.group_authorization_failed
     elif not ctx.authorized_cluster(operation):
         return ErrorCode.cluster_authorization_failed
     return None
@@ -182,10 +203,13 @@ def _describe_one(ctx: RequestContext, resource, include_synonyms: bool) -> dict
         if info is None:
             return _unknown_topic(result, resource.resource_name)
         return {**result, "configs": describe_topic_configs(
-            info, keys, dict(ctx.broker.config.log_defaults), include_synonyms,
-            ctx.broker.config.static_keys)}
+            info, keys, layers_of(ctx), include_synonyms)}
     if resource.resource_type == RESOURCE_BROKER:
-        return {**result, "configs": _broker_configs(ctx, keys, include_synonyms)}
+        try:
+            configs = _broker_configs(ctx, resource.resource_name, keys, include_synonyms)
+        except BrokerConfigError as exc:
+            return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
+        return {**result, "configs": configs}
     if resource.resource_type == RESOURCE_BROKER_LOGGER:
         try:
             loggers.check_node(resource.resource_name, ctx.node_id)
@@ -194,18 +218,74 @@ def _describe_one(ctx: RequestContext, resource, include_synonyms: bool) -> dict
         return {**result, "configs": [
             _entry(name, level, SOURCE_DYNAMIC_BROKER_LOGGER, int(topic_config.ConfigType.STRING))
             for name, level in loggers.loggers().items() if not keys or name in keys]}
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return {**result, **_describe_resource(ctx, resource, include_synonyms)}
     return {**result, "error_code": ErrorCode.invalid_request,
-            "error_message": f"unsupported resource type {resource.resource_type}"}
+            "error_message": f"Unsupported resource type: {resource.resource_type}"}
+
+
+def _describe_resource(ctx: RequestContext, resource, include_synonyms: bool) -> dict:
+    """A GROUP or CLIENT_METRICS resource (resource_configs.py)."""
+    kind, name = resource.resource_type, resource.resource_name
+    try:
+        resource_configs.check_name(kind, name, describe=True)
+    except ResourceConfigError as exc:
+        return {"error_code": exc.code, "error_message": str(exc)}
+    stored = ctx.broker.resource_configs.get(kind, name)
+    entries = resource_configs.describe(kind, stored, ctx.broker.config,
+                                        resource.configuration_keys, include_synonyms)
+    return {"configs": [_entry(key, value, source, config_type,
+                               [_synonym(*s) for s in synonyms])
+                        for key, value, source, config_type, synonyms in entries]}
+
+
+def _alter_resource(ctx: RequestContext, resource, result: dict, validate_only: bool,
+                    incremental: bool) -> dict:
+    """A GROUP or CLIENT_METRICS resource: the new set validated whole, then stored."""
+    kind, name = resource.resource_type, resource.resource_name
+    try:
+        resource_configs.check_name(kind, name, describe=False)
+        if incremental:
+            for op in resource.configs:
+                resource_configs.check_op(kind, op.name, op.config_operation)
+            updated = _apply_ops(ctx.broker.resource_configs.get(kind, name), resource.configs,
+                                 lambda _key: "")
+        else:
+            updated = {c.name: c.value for c in resource.configs}
+        resource_configs.validate(kind, updated, ctx.broker.config)
+        if not validate_only:
+            ctx.broker.resource_configs.replace(kind, name, updated)
+    except ResourceConfigError as exc:
+        return {**result, "error_code": exc.code, "error_message": str(exc)}
+    except topic_config.InvalidConfig as exc:  # an unknown operation
+        return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
+    except TooManyConfigs as exc:
+        return {**result, "error_code": ErrorCode.policy_violation, "error_message": str(exc)}
+    return result
 
 
 @handles(ApiKey.DESCRIBE_CONFIGS)
 async def describe_configs(ctx: RequestContext, body) -> dict:
     synonyms = bool(getattr(body, "include_synonyms", False))
-    return {"throttle_time": 0,
-            "results": [_describe_one(ctx, r, synonyms) for r in body.resources]}
+    results = [_describe_one(ctx, r, synonyms) for r in body.resources]
+    if getattr(body, "include_documentation", False):  # v3+
+        for result in results:
+            docs = _DOCS.get(result["resource_type"], {})
+            for entry in result["configs"]:
+                entry["documentation"] = docs.get(entry["name"])
+    return {"throttle_time": 0, "results": results}
 
 
-def _apply_ops(current: dict[str, str], ops) -> dict[str, str]:
+# DescribeConfigs documentation per resource type (BROKER_LOGGER entries have none).
+_DOCS = {RESOURCE_TOPIC: config_docs.TOPIC_DOCS, RESOURCE_BROKER: config_docs.BROKER_DOCS,
+         RESOURCE_GROUP: config_docs.GROUP_DOCS,
+         RESOURCE_CLIENT_METRICS: config_docs.CLIENT_METRICS_DOCS}
+
+
+def _apply_ops(current: dict[str, str], ops, default_of=None) -> dict[str, str]:
+    """The resource's configs after SET / DELETE / APPEND / SUBTRACT; APPEND and SUBTRACT
+    start from the current value, else `default_of(name)` (a topic's default)."""
+    default_of = default_of or (lambda key: topic_config.TOPIC_CONFIG_DEFAULTS.get(key, ""))
     updated = dict(current)
     for op in ops:
         if op.config_operation == OP_SET:
@@ -213,7 +293,7 @@ def _apply_ops(current: dict[str, str], ops) -> dict[str, str]:
         elif op.config_operation == OP_DELETE:
             updated.pop(op.name, None)
         elif op.config_operation in (OP_APPEND, OP_SUBTRACT):
-            base = updated.get(op.name, topic_config.TOPIC_CONFIG_DEFAULTS.get(op.name, ""))
+            base = updated.get(op.name, default_of(op.name) or "")
             items = [i for i in base.split(",") if i]
             change = [i for i in (op.value or "").split(",") if i]
             if op.config_operation == OP_APPEND:
@@ -252,9 +332,13 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
         if not validate_only:
             loggers.apply(resource.configs)
         return result
+    if resource.resource_type == RESOURCE_BROKER:
+        return _alter_broker(ctx, resource, result, validate_only, incremental=True)
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return _alter_resource(ctx, resource, result, validate_only, incremental=True)
     if resource.resource_type != RESOURCE_TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request,
-                "error_message": "only topic configs can be altered"}
+                "error_message": f"Unknown resource type {resource.resource_type}"}
     info = ctx.broker.topic(resource.resource_name)
     if info is None:
         return _unknown_topic(result, resource.resource_name)
@@ -263,6 +347,52 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
     except topic_config.InvalidConfig as exc:
         return {**result, "error_code": ErrorCode.invalid_config, "error_message": str(exc)}
     return _replace_topic_configs(ctx, info.name, updated, result, validate_only)
+
+
+def _alter_broker(ctx: RequestContext, resource, result: dict, validate_only: bool,
+                  incremental: bool) -> dict:
+    """A BROKER resource ("<this node's id>" or "" for the cluster default): the dynamic
+    keys only, values checked, stored durably, then applied (Kafka's ConfigAdminManager)."""
+    name = resource.resource_name
+    current = ctx.broker.resource_configs.get(RESOURCE_BROKER, name)
+    try:
+        broker_configs.check_alter_name(name, ctx.node_id)
+        if incremental:
+            layers = layers_of(ctx)
+            for op in resource.configs:
+                _check_list_op(op, layers)
+            updated = _apply_ops(current, resource.configs,
+                                 lambda key: next(iter(layers.synonyms(key)), (0, ""))[1])
+        else:
+            updated = {c.name: c.value for c in resource.configs}
+        broker_configs.validate_dynamic(updated)
+        _check_log_defaults(ctx, name, updated)
+    except (BrokerConfigError, topic_config.InvalidConfig) as exc:
+        return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
+    if not validate_only:
+        ctx.broker.resource_configs.replace(RESOURCE_BROKER, name, updated)
+    return result
+
+
+def _check_log_defaults(ctx: RequestContext, name: str, updated: dict[str, str]) -> None:
+    """The log defaults the storage would follow must hold together (min.compaction.lag.ms
+    not above max.compaction.lag.ms); InvalidConfig otherwise."""
+    configs = ctx.broker.resource_configs
+    default = updated if name == "" else configs.get(RESOURCE_BROKER, "")
+    node = updated if name != "" else configs.get(RESOURCE_BROKER, str(ctx.node_id))
+    topic_config.validate_topic_configs(
+        dict(ctx.broker.config.log_defaults) | log_defaults_of(default) | log_defaults_of(node))
+
+
+def _check_list_op(op, layers: Layers) -> None:
+    """Kafka allows APPEND / SUBTRACT only on LIST keys (log.cleanup.policy here)."""
+    if op.config_operation not in (OP_APPEND, OP_SUBTRACT):
+        return
+    if op.name not in DYNAMIC_BROKER_KEYS:
+        raise BrokerConfigError(f"Unknown config name: {op.name}")
+    if broker_config_type(op.name, None) != int(topic_config.ConfigType.LIST):
+        verb = "append" if op.config_operation == OP_APPEND else "subtract"
+        raise BrokerConfigError(f"Config value {verb} is not allowed for config key: {op.name}")
 
 
 def _unknown_topic(result: dict, name: str) -> dict:
@@ -297,16 +427,25 @@ def _alter_legacy_one(ctx: RequestContext, resource, validate_only: bool) -> dic
     denied = _denied(ctx, resource, Operation.ALTER_CONFIGS)
     if denied is not None:
         return {**result, "error_code": denied}
-    if resource.resource_type != RESOURCE_TOPIC:
-        return {**result, "error_code": ErrorCode.invalid_request,
-                "error_message": "only topic configs can be altered"}
-    info = ctx.broker.topic(resource.resource_name)
-    if info is None:
-        return _unknown_topic(result, resource.resource_name)
     names = [c.name for c in resource.configs]
     if len(set(names)) != len(names):
         return {**result, "error_code": ErrorCode.invalid_request,
                 "error_message": "Error due to duplicate config keys"}
+    if resource.resource_type in (RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        nulls = [c.name for c in resource.configs if c.value is None]
+        if nulls:
+            return {**result, "error_code": ErrorCode.invalid_request,
+                    "error_message": "Null value not supported for : " + ", ".join(nulls)}
+    if resource.resource_type == RESOURCE_BROKER:
+        return _alter_broker(ctx, resource, result, validate_only, incremental=False)
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return _alter_resource(ctx, resource, result, validate_only, incremental=False)
+    if resource.resource_type != RESOURCE_TOPIC:
+        return {**result, "error_code": ErrorCode.invalid_request,
+                "error_message": f"Unknown resource type {resource.resource_type}"}
+    info = ctx.broker.topic(resource.resource_name)
+    if info is None:
+        return _unknown_topic(result, resource.resource_name)
     return _replace_topic_configs(ctx, info.name, {c.name: c.value for c in resource.configs},
                                   result, validate_only)
 
@@ -315,3 +454,4 @@ def _alter_legacy_one(ctx: RequestContext, resource, validate_only: bool) -> dic
 async def alter_configs(ctx: RequestContext, body) -> dict:
     return {"throttle_time": 0,
             "responses": [_alter_legacy_one(ctx, r, body.validate_only) for r in body.resources]}
+

@@ -11,9 +11,9 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.security.acl import Operation, ResourceType
-from onceflow.broker.handlers.configs import describe_topic_configs, topic_config_error
+from onceflow.broker.handlers.configs import describe_topic_configs, layers_of, topic_config_error
 from onceflow.broker.state import INTERNAL_TOPICS, BrokerState, replication_factor, topic_name_error
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.layout import LogFailedError
 from onceflow.storage.store import TopicInfo
 
@@ -118,8 +118,7 @@ def _create_one(ctx: RequestContext, topic, validate_only: bool) -> dict:
     if info is not None:
         result["topic_id"] = info.topic_id
         result["configs"] = [{k: entry[k] for k in _CREATED_CONFIG_FIELDS}
-                             for entry in describe_topic_configs(
-                                 info, None, dict(ctx.broker.config.log_defaults))]
+                             for entry in describe_topic_configs(info, None, layers_of(ctx))]
     result["num_partitions"] = partitions if partitions != -1 else ctx.broker.config.num_partitions
     result["replication_factor"] = rf if rf != -1 else ctx.broker.config.default_replication_factor
     return result

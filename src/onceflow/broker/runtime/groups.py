@@ -87,6 +87,8 @@ class GroupRuntime(CoordinatorRuntime):
     def __init__(self, state: BrokerState) -> None:
         super().__init__(state, state.config.offsets_topic_num_partitions)
         self.coordinator = GroupCoordinator(coordinator_config(state.config, self.num_partitions))
+        # GROUP config resources (issue 15): a group's own session timeout and interval.
+        self.coordinator.consumers.group_configs = state.group_configs
         self._topics_seen: dict[str, TopicMetadata] = {}
         self._topics_version = 0
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +105,20 @@ class ConsumerGroups:
     def __init__(self, config, new_uuid: Callable[[], str]) -> None:
         self.config = config
         self._new_uuid = new_uuid
+        # A group's own configs (Kafka's GroupConfig, issue 15), set by the broker:
+        # group id -> {"consumer.session.timeout.ms": "...", ...}; only valid values.
+        self.group_configs: Callable[[str], Mapping[str, str]] = lambda _group_id: {}
+
+    def session_timeout_ms(self, group_id: str) -> int:
+        """consumer.session.timeout.ms of the group, else group.consumer.session.timeout.ms."""
+        value = self.group_configs(group_id).get("consumer.session.timeout.ms")
+        return int(value) if value is not None else self.config.consumer_group_session_timeout_ms
+
+    def heartbeat_interval_ms(self, group_id: str) -> int:
+        """consumer.heartbeat.interval.ms of the group, else the broker's."""
+        value = self.group_configs(group_id).get("consumer.heartbeat.interval.ms")
+        return (int(value) if value is not None
+                else self.config.consumer_group_heartbeat_interval_ms)
 
     # ------------------------------------------------------------ replay
 
@@ -203,7 +217,7 @@ class ConsumerGroups:
             outcome = Heartbeat(
                 group, req, image, ctx.now_ms, self.config.consumer_group_assignors[0],
                 self.config.consumer_group_regex_refresh_interval_ms,
-                self.config.consumer_group_heartbeat_interval_ms,
+                self.heartbeat_interval_ms(req.group_id),
                 self._new_uuid()).run()
         finally:
             if created:
@@ -258,7 +272,7 @@ class ConsumerGroups:
     # ------------------------------------------------------------ timers
 
     def _schedule_session(self, ctx, group: ConsumerGroup, member_id: str) -> None:
-        ctx.schedule(CONSUMER_SESSION, group, self.config.consumer_group_session_timeout_ms,
+        ctx.schedule(CONSUMER_SESSION, group, self.session_timeout_ms(group.group_id),
                      member_id)
 
     def _schedule_rebalance(self, ctx, group: ConsumerGroup, member: ConsumerMember) -> None:
