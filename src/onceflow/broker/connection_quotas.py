@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import ipaddress
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from onceflow.broker.config import BrokerConfig
 
@@ -54,9 +54,16 @@ class ConnectionLimits:
         return self.per_ip_overrides.get(address, self.max_connections_per_ip)
 
 
-def connection_limits(config: BrokerConfig) -> ConnectionLimits:
-    """The limits in force, read from the broker config (called at every accept)."""
-    return _limits(config.max_connections, config.max_connections_per_ip,
+def connection_limits(config: BrokerConfig,
+                      dynamic: Callable[[str], str | None] = lambda _key: None
+                      ) -> ConnectionLimits:
+    """The limits in force (called at every accept): a dynamic broker config
+    (`dynamic(key)`, IncrementalAlterConfigs on the BROKER resource) over the static one."""
+    def value(key: str, static: int) -> int:
+        text = dynamic(key)
+        return static if text is None else int(text)
+    return _limits(value("max.connections", config.max_connections),
+                   value("max.connections.per.ip", config.max_connections_per_ip),
                    config.max_connections_per_ip_overrides)
 
 

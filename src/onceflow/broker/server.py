@@ -26,6 +26,7 @@ import functools
 import inspect
 import logging
 import ssl
+from collections.abc import Callable
 
 from onceflow.broker.access import Access
 from onceflow.broker.admin import (
@@ -126,7 +127,7 @@ class BrokerServer:
             pipeline, self.faults.refuses, self.config.frame_bytes_max, self.access,
             self.config.sasl_authentication_timeout_ms,
             # max.connections, max.connections.per.ip(.overrides), read at every accept
-            limits=lambda: connection_limits(self.config), metrics=state.metrics)
+            limits=lambda: connection_limits(self.config, _node_zero(state)), metrics=state.metrics)
         self.faults.attach(loop, state.cluster, state.metrics, connections.close_node)
         groups.start()  # load __consumer_offsets, timers
         txns.start()  # load __transaction_state, timers
@@ -224,3 +225,9 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext:
     context.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL,
                            "required": ssl.CERT_REQUIRED}[config.ssl_client_auth]
     return context
+
+
+def _node_zero(state: BrokerState) -> Callable[[str], str | None]:
+    """Dynamic broker configs as the connection limits read them: one process holds every
+    node's listeners, so node 0's own value over the cluster default applies to all."""
+    return lambda key: state.broker_config(key, 0)

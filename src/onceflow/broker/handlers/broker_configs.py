@@ -156,7 +156,7 @@ def check_alter_name(name: str, node_id: int) -> None:
         raise BrokerConfigError(f"Unexpected broker id, expected {node_id}, but received {name}")
 
 
-def validate_dynamic(configs: dict[str, str]) -> None:
+def validate_dynamic(configs: dict[str, str], config: BrokerConfig) -> None:
     """Kafka's DynamicBrokerConfig.validateConfigs over a resource's whole new set."""
     refused = [k for k in configs if k not in DYNAMIC_BROKER_KEYS]
     if refused:
@@ -166,4 +166,8 @@ def validate_dynamic(configs: dict[str, str]) -> None:
         problem = dynamic_value_error(key, value)
         if problem is not None:
             raise BrokerConfigError(problem)
+    if (configs.get("max.connections.per.ip", "").strip() == "0"
+            and not config.max_connections_per_ip_overrides.strip()):
+        raise BrokerConfigError("max.connections.per.ip can be set to zero only if "
+                                "max.connections.per.ip.overrides property is set")
 

@@ -365,7 +365,7 @@ def _alter_broker(ctx: RequestContext, resource, result: dict, validate_only: bo
                                  lambda key: next(iter(layers.synonyms(key)), (0, ""))[1])
         else:
             updated = {c.name: c.value for c in resource.configs}
-        broker_configs.validate_dynamic(updated)
+        broker_configs.validate_dynamic(updated, ctx.broker.config)
         _check_log_defaults(ctx, name, updated)
     except (BrokerConfigError, topic_config.InvalidConfig) as exc:
         return {**result, "error_code": ErrorCode.invalid_request, "error_message": str(exc)}
