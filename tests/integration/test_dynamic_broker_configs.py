@@ -214,3 +214,19 @@ def test_a_setting_of_the_embedded_broker_is_its_default(admin):
     entry = _describe(admin, ConfigResource.Type.BROKER, "0")["log.retention.check.interval.ms"]
     assert (entry.value, entry.source, entry.is_read_only) == (
         str(CHECK_INTERVAL_MS), ConfigSource.DEFAULT_CONFIG.value, True)
+
+
+def test_each_node_describes_where_it_is(broker, admin):
+    """A node's BROKER resource lists its id and its listeners read-only, as a KRaft broker
+    does; advertised.listeners is the address Metadata gives clients for that node."""
+    metadata = admin.list_topics(timeout=TIMEOUT_S).brokers
+    for node_id in (0, 1, 2):
+        configs = _describe(admin, ConfigResource.Type.BROKER, str(node_id))
+        node = metadata[node_id]
+        assert configs["node.id"].value == configs["broker.id"].value == str(node_id)
+        assert configs["advertised.listeners"].value == f"PLAINTEXT://{node.host}:{node.port}"
+        assert configs["listener.security.protocol.map"].value == "PLAINTEXT:PLAINTEXT"
+        assert configs["listeners"].value.startswith("PLAINTEXT://")
+        assert all(configs[key].is_read_only and
+                   configs[key].source == ConfigSource.STATIC_BROKER_CONFIG.value
+                   for key in ("node.id", "listeners", "advertised.listeners", "log.dirs"))

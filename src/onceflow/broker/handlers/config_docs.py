@@ -47,6 +47,12 @@ TOPIC_DOCS = {
 
 _BROKER_OWN_DOCS = {
     "broker.id": "This node's id.",
+    "node.id": "This node's id (KRaft's name for broker.id).",
+    "process.roles": "The roles this node plays: broker (onceflow keeps its own metadata).",
+    "listeners": "The addresses this node listens on, as NAME://host:port, comma-separated.",
+    "advertised.listeners": "The addresses Metadata gives clients for this node, per listener.",
+    "listener.security.protocol.map": "Each listener's security protocol, as NAME:PROTOCOL.",
+    "log.dirs": "The directory holding this node's logs and metadata.",
     "num.partitions": "Partitions of an automatically created topic.",
     "default.replication.factor": "Replication factor of an automatically created topic.",
     "auto.create.topics.enable": "Create a topic when a client first uses it.",
@@ -83,6 +89,7 @@ _BROKER_OWN_DOCS = {
                                                 "group.",
     "max.connections": "Connections the broker accepts at once.",
     "max.connections.per.ip": "Connections the broker accepts at once from one address.",
+    "max.connections.per.ip.overrides": "Per-address exceptions to max.connections.per.ip, as host:count,host:count.",
 }
 
 _UNIT_NAMES = {60_000: "minutes", 3_600_000: "hours"}

@@ -159,14 +159,16 @@ def _broker_configs(ctx: RequestContext, name: str, keys, include_synonyms: bool
     layers = layers_of(ctx)
     per_broker = name != ""
     effective = effective_broker_configs(ctx.broker.config)
+    own = _node_identity(ctx) if per_broker else {}
     names = broker_configs.broker_keys(ctx.broker.config) if per_broker else list(layers.default)
+    names[1:1] = [key for key in own if key not in names]
     entries = []
     for key in names:
         if keys and key not in keys:
             continue
         found = layers.synonyms(key, per_broker)
-        if key == "broker.id":
-            found = [(key, str(ctx.node_id), SOURCE_STATIC_BROKER)]
+        if key in own:
+            found = [(key, own[key], SOURCE_STATIC_BROKER)]
         elif not found and key in effective:  # a broker key without a layer: its default
             found = [(key, effective[key][0], SOURCE_DEFAULT)]
         value, source = (found[0][1], found[0][2]) if found else (None, SOURCE_DEFAULT)
@@ -174,6 +176,29 @@ def _broker_configs(ctx: RequestContext, name: str, keys, include_synonyms: bool
         entries.append(_entry(key, value, source, broker_config_type(key, value), synonyms,
                               read_only=key not in DYNAMIC_BROKER_KEYS))
     return entries
+
+
+def _node_identity(ctx: RequestContext) -> dict[str, str]:
+    """The read-only keys that say who and where this node is, as a Kafka 4.x (KRaft) broker
+    lists them: its id, roles, listeners (bound) and advertised listeners (what Metadata
+    answers), the protocol map and the log directory."""
+    config = ctx.broker.config
+    node = ctx.broker.cluster.nodes[ctx.node_id]
+    listeners = config.listener_list()
+
+    def bound(listener) -> int:
+        return listener.port + ctx.node_id if listener.port else node.endpoint(listener.name)[1]
+    return {
+        "broker.id": str(ctx.node_id),
+        "node.id": str(ctx.node_id),
+        "process.roles": "broker",
+        "listeners": ",".join(f"{lsn.name}://{lsn.host}:{bound(lsn)}" for lsn in listeners),
+        "advertised.listeners": ",".join(
+            "{}://{}:{}".format(lsn.name, *node.endpoint(lsn.name)) for lsn in listeners),
+        "listener.security.protocol.map": ",".join(
+            f"{lsn.name}:{lsn.protocol}" for lsn in listeners),
+        "log.dirs": str(config.data_dir),
+    }
 
 
 def _denied(ctx: RequestContext, resource, operation: Operation) -> ErrorCode | None:
