@@ -177,3 +177,55 @@ def test_batch_atomicity_survives_a_worker_sigkill(standalone, bootstrap, tmp_pa
     seen = Counter(r.value().decode().split("|")[0] for r in read_committed(bootstrap, output))
     assert set(seen) == set(ids), f"missing {len(set(ids) - set(seen))} ids"
     assert not [i for i, n in seen.items() if n > 1], "ids written twice"
+
+
+ARCHIVE_DRIVER = Path(__file__).parent / "drivers" / "archive_roundtrip.py"
+# Not linked into the test environment: pyspark comes with Spark's own PYTHONPATH (and is
+# half a gigabyte); the editable-install hooks point at a source tree.
+NOT_LINKED = ("pyspark", "__editable__", "_distutils_hack", "__pycache__")
+
+
+def linked_venv(root: Path) -> Path:
+    """A small virtual environment for the archive test: made by `python -m venv` from the
+    test's base interpreter, its site-packages holding links to the test venv's packages
+    and to this tree's onceflow, so packing it takes a second (the real venv with pyspark
+    is over a gigabyte). Relocatable only on this machine, as the links are absolute."""
+    venv = root / "env"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=60)
+    site = next(venv.glob("lib/python*/site-packages"))
+    source = Path(pyspark.__file__).parents[1]
+    for entry in source.iterdir():
+        if not entry.name.startswith(NOT_LINKED) and entry.suffix != ".pth":
+            (site / entry.name).symlink_to(entry)
+    (site / "onceflow").symlink_to(Path(__file__).parents[2] / "src" / "onceflow")
+    return venv
+
+
+def test_executors_run_a_packed_environment(standalone, bootstrap, tmp_path):
+    """`onceflow spark pack` + `session(archive=...)`: the executors unpack the archive
+    and run `./environment/bin/python`; the data source's driver-side Python keeps the
+    driver's interpreter; a batch write and read through onceflow-kafka work."""
+    from typer.testing import CliRunner
+
+    from onceflow.cli.app import app
+
+    archive = tmp_path / "env.tar.gz"
+    packed = CliRunner().invoke(app, ["spark", "pack", "-p", str(linked_venv(tmp_path)),
+                                      "-o", str(archive)])
+    assert packed.exit_code == 0 and archive.exists(), packed.output
+    assert f"--archive {archive}" in packed.output
+    topic = create_topic(bootstrap, unique("archive"), partitions=2)
+    command = DriverProcess.python(ARCHIVE_DRIVER, standalone.url, bootstrap, topic,
+                                   str(archive), "40", str(tmp_path))
+    # The workers' PYSPARK_PYTHON (the fixture's) must not decide the executors' Python.
+    with DriverProcess(command, tmp_path / "driver.log", env=standalone.env) as driver:
+        driver.start()
+        assert driver.wait(timeout_s=120) == 0, driver.tail()
+    result = json.loads(driver.log_path.read_text().strip().splitlines()[-1])
+    assert sorted(result["ids"], key=int) == [str(i) for i in range(40)]
+    assert result["executables"], result
+    assert all(python.endswith("/environment/bin/python") and python != sys.executable
+               and not python.startswith(str(tmp_path))
+               for python in result["executables"]), result["executables"]
+    assert (tmp_path / "environment").resolve() == Path(sys.prefix).resolve()
