@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -52,3 +53,23 @@ def test_pack_writes_the_venv_to_the_path_and_says_how_to_use_it(tmp_path):
     assert f"--archives {archive}#environment" in result.output
     again = CliRunner().invoke(app, ["spark", "pack", "-p", str(venv), "-o", str(archive)])
     assert again.exit_code == 1 and "exists" in again.output   # --force to overwrite
+
+
+def test_archive_setting_names_the_unpack_directory(tmp_path, monkeypatch):
+    from onceflow.spark.session import archive_setting
+
+    monkeypatch.chdir(tmp_path)
+    assert archive_setting("env.tar.gz") == f"{tmp_path}/env.tar.gz#environment"
+    assert archive_setting("hdfs://nn/envs/env.tar.gz") == "hdfs://nn/envs/env.tar.gz#environment"
+
+
+def test_driver_environment_link_points_at_this_venv_and_keeps_an_existing_one(tmp_path):
+    from onceflow.spark.session import link_driver_environment
+
+    link_driver_environment(str(tmp_path))
+    assert (tmp_path / "environment" / "bin" / "python").resolve() == \
+        (Path(sys.prefix) / "bin" / "python").resolve()
+    other = tmp_path / "other"
+    (other / "environment").mkdir(parents=True)
+    link_driver_environment(str(other))
+    assert (other / "environment").is_dir() and not (other / "environment").is_symlink()
