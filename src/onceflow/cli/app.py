@@ -20,6 +20,7 @@ from onceflow.cli import (
     pipeline,
     quotas,
     security,
+    spark,
     stats,
     topics,
     txn,
@@ -41,6 +42,7 @@ app.add_typer(faults.faults_app)
 app.add_typer(groups.groups_app)
 app.add_typer(outbox.outbox_app)
 app.add_typer(pipeline.pipeline_app)
+app.add_typer(spark.spark_app)
 app.add_typer(topics.topics_app)
 app.add_typer(txn.txn_app)
 app.add_typer(txn.producers_app)

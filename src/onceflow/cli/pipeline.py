@@ -59,6 +59,8 @@ def run(
         "--live/--log", help="Progress as a live table or as log lines (default: live on a terminal).",
         show_default=False)] = None,
     command_config: CommandConfigOption = None,
+    archive: Annotated[str | None, typer.Option(
+        help="Environment archive for the executors (`onceflow spark pack`); path or URI.")] = None,
 ) -> None:
     """Run a pipeline until stopped (Ctrl-C / SIGTERM), --available-now, or --until-idle.
 
@@ -79,7 +81,7 @@ def run(
         bootstrap = pipeline.resolve_bootstrap(bootstrap_servers)
     except PipelineError as exc:
         raise CliError(str(exc)) from None
-    spark = _spark_session(master, pipeline.name)
+    spark = _spark_session(master, pipeline.name, archive)
     try:
         result = pipeline.run(spark, until, display=open_display(pipeline.name, live=live),
                               bootstrap_servers=bootstrap)
@@ -93,7 +95,7 @@ def run(
                    highlight=False, soft_wrap=True)
 
 
-def _spark_session(master: str, name: str) -> Any:
+def _spark_session(master: str, name: str, archive: str | None = None) -> Any:
     try:
         from onceflow.spark import session
     except ImportError as exc:  # pragma: no cover - the spark extra is missing
@@ -102,7 +104,7 @@ def _spark_session(master: str, name: str) -> Any:
     from pyspark.errors import PySparkException
 
     try:
-        return session(master, app_name=f"onceflow-{name}")
+        return session(master, app_name=f"onceflow-{name}", archive=archive)
     except (PySparkException, Py4JError, OSError) as exc:  # no Java, a bad master URL
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(f"cannot start Spark with master {master}: {first}") from None

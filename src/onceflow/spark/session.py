@@ -58,6 +58,39 @@ def probe(_rows, modules={modules!r}):
 """
 
 
+# Where Spark unpacks an environment archive (spark.archives `PATH#environment`) in each
+# executor's working directory, and the executors' Python inside it. The driver keeps its
+# own interpreter: the relative path means nothing in the driver's directory.
+ARCHIVE_ALIAS = "environment"
+ARCHIVE_PYTHON = f"./{ARCHIVE_ALIAS}/bin/python"
+
+
+def archive_setting(archive: str) -> str:
+    """spark.archives for an environment archive: `PATH#environment`; a local path is made
+    absolute, a URI (hdfs://..., s3a://...) is kept as it is."""
+    location = archive if "://" in archive else os.path.abspath(archive)
+    return f"{location}#{ARCHIVE_ALIAS}"
+
+
+def link_driver_environment(directory: str = ".") -> None:
+    """Make `./environment/bin/python` this interpreter in the driver's working directory.
+
+    Spark runs the Python of a Python data source's planning (schema, partitions, stream
+    offsets) in a Python worker that the driver's JVM starts with the same interpreter
+    path as the executors' (the data source's pythonExec, from PYSPARK_PYTHON), relative to
+    the JVM's working directory, which is this process's. spark.pyspark.driver.python does
+    not change that path. So the driver gets an `environment` link to its own virtual
+    environment, unless the directory already has an `environment` (left as it is)."""
+    link = os.path.join(directory, ARCHIVE_ALIAS)
+    if os.path.lexists(link):
+        return
+    if not os.path.exists(os.path.join(sys.prefix, "bin", "python")):
+        raise RuntimeError(
+            f"session(archive=...) needs the driver in a virtual environment with bin/python; "
+            f"{sys.executable} is not (its prefix {sys.prefix} has no bin/python)")
+    os.symlink(sys.prefix, link)
+
+
 class ExecutorEnvironmentError(RuntimeError):
     """An executor's Python lacks what onceflow's data sources need."""
 
@@ -132,7 +165,8 @@ def _needs_probe(master: str) -> bool:
 
 
 def session(master: str | None = None, app_name: str = "onceflow",
-            conf: dict[str, str] | None = None, check: bool | None = None) -> SparkSession:
+            conf: dict[str, str] | None = None, check: bool | None = None,
+            archive: str | None = None) -> SparkSession:
     """Get or create a SparkSession with onceflow's data sources registered.
 
     `master` defaults to `local[*]`. The executors run this interpreter (PYSPARK_PYTHON),
@@ -142,7 +176,18 @@ def session(master: str | None = None, app_name: str = "onceflow",
     PYSPARK_PYTHON set) first runs a probe task on the executors and raises
     ExecutorEnvironmentError when one lacks onceflow or its dependencies. On a cluster,
     spark.sql.shuffle.partitions defaults to the cluster's cores.
+
+    `archive` (a packed environment, `onceflow spark pack`; a local path or a URI) is
+    shipped to the executors as spark.archives `ARCHIVE#environment`, and they run
+    `./environment/bin/python` from it (PYSPARK_PYTHON, set for this process), while the
+    driver keeps this interpreter (PYSPARK_DRIVER_PYTHON, spark.pyspark.driver.python)
+    and gets a link `./environment` to its own virtual environment in the working directory
+    for Spark's driver-side Python workers (link_driver_environment).
     """
+    if archive is not None:
+        link_driver_environment()
+        os.environ["PYSPARK_PYTHON"] = ARCHIVE_PYTHON
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -150,6 +195,10 @@ def session(master: str | None = None, app_name: str = "onceflow",
     master = with_task_retries(master or DEFAULT_MASTER)
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    if archive is not None:
+        settings.update({"spark.archives": archive_setting(archive),
+                         "spark.pyspark.python": ARCHIVE_PYTHON,
+                         "spark.pyspark.driver.python": sys.executable})
     if master.startswith("local"):
         settings["spark.sql.shuffle.partitions"] = str(LOCAL_SHUFFLE_PARTITIONS)
     settings.update(conf or {})
