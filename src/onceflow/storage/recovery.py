@@ -79,20 +79,21 @@ def take_dirty_fds(segments: list[Segment], directory: Path | None) -> list[int]
 
 
 def load_segments(
-    directory: Path, config: LogConfig, now_ms: int
+    directory: Path, config: LogConfig, now_ms: int, state: PartitionState | None = None,
 ) -> tuple[list[Segment], int, RecoveryReport]:
     """Opens (creating if needed) and recovers the segments in `directory`: returns them
-    (at least one), the log start offset and what recovery did."""
+    (at least one), the log start offset and what recovery did. `state`: the partition
+    state file as the caller read it (else read here; a corrupt one means "recover all")."""
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     if created:
         fsync_dir(directory.parent)
     bases = _clean_directory(directory)
-    try:
-        state = read_partition_state(directory)
-    except CorruptFileError as exc:
-        logger.error("%s: %s; recovering the whole log", directory, exc)
-        state = None
+    if state is None and not created:
+        try:
+            state = read_partition_state(directory)
+        except CorruptFileError as exc:
+            logger.error("%s: %s; recovering the whole log", directory, exc)
     return _load(directory, config, bases, state, now_ms)
 
 
