@@ -81,6 +81,7 @@ def can_bump(state: BrokerState, producer_id: int, producer_epoch: int, fresh_id
     """Whether a KIP-360 request for (producer_id, producer_epoch) may keep its PID."""
     return (0 <= producer_id < fresh_id
             and 0 <= producer_epoch < PRODUCER_EPOCH_MAX
+            and state.recovered  # else a partition not yet open may know a newer epoch
             and newest_epoch_seen(state, producer_id) <= producer_epoch)
 
 
