@@ -77,6 +77,11 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # for this event before it opens its first partition (partitions stay "not ready").
 RECOVERY_GATE: threading.Event | None = None
 
+# Up to this many partitions at start are opened before the broker listens (well under a
+# second; every request then finds its partition ready, as before); more are opened in the
+# background while the broker already answers.
+RECOVERY_INLINE_MAX = 1000
+
 
 def topic_name_error(name: str | None) -> str | None:
     """Why `name` is not a valid topic name, or None if it is."""
@@ -271,15 +276,19 @@ class BrokerState:
         return not self._recovering
 
     def start_recovery(self) -> None:
-        """Opens every partition not opened yet on a worker thread (internal topics first)."""
+        """Opens every partition not opened yet: now when there are few, else on a worker
+        thread (internal topics first)."""
         keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
+        if len(keys) <= RECOVERY_INLINE_MAX and RECOVERY_GATE is None:
+            self._recover(keys, None)
+            return
         self._recovery_thread = threading.Thread(
             target=self._recover, args=(keys, RECOVERY_GATE), name="onceflow-recovery",
             daemon=True)
         self._recovery_thread.start()
 
     def _recover(self, keys: list[tuple[str, int]], gate: threading.Event | None) -> None:
-        """(recovery thread) Opens `keys`, those asked for by `ready` first."""
+        """(recovery thread, or start_recovery) Opens `keys`, those asked for by `ready` first."""
         while gate is not None and not gate.wait(0.1) and not self._recovery_stop:
             pass
         started, pending = time.monotonic(), iter(keys)
