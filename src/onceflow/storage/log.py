@@ -612,6 +612,8 @@ class PartitionLog:
             prior = None
         segments, log_start, report = load_segments(directory, config, now_ms, prior)
         log = cls(directory, config, segments, log_start, report)
+        if report.first_scanned is not None:  # re-validated, not yet fsync'd: see recovery.py
+            log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
             # from here on, a crash means an unclean stop; a state file that already says so
