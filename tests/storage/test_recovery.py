@@ -303,3 +303,27 @@ def test_crash_after_a_crash_is_fully_recovered(open_log, tmp_path):
     reopened = open_log(CONFIG)
     assert reopened.recovery.bytes_truncated == 7
     assert_log_is(reopened, stored)
+
+
+def test_rescanned_segments_count_as_durable_only_after_a_flush(open_log, tmp_path):
+    """Recovery does not fsync what it re-validated: the recovery point (in memory and in
+    the state file) stays at the first re-validated segment until the next flush, so a
+    crash before that flush re-validates the same segments again."""
+    log = open_log(CONFIG)
+    stored = fill(log)  # several segments, none flushed: the recovery point is 0
+    crash(log)
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.segments_scanned == len(reopened.segment_base_offsets)
+    assert reopened.recovery_point_offset == reopened.recovery.first_scanned == 0
+    assert read_partition_state(tmp_path / "t-0").recovery_point_offset == 0
+    crash(reopened)
+    again = open_log(CONFIG)
+    assert again.recovery.segments_scanned == len(again.segment_base_offsets)
+    assert_log_is(again, stored)
+    again.flush()
+    assert again.recovery_point_offset == again.log_end_offset
+    again.checkpoint()
+    crash(again)
+    last = open_log(CONFIG)
+    assert last.recovery.segments_scanned == 1  # only the segment holding the point
+    assert_log_is(last, stored)

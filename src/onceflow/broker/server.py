@@ -119,6 +119,7 @@ class BrokerServer:
             host, advertised_port = endpoints[listeners[0].name]
             nodes.append(Node(node_id, host, advertised_port, endpoints=endpoints))
         state = self.state = BrokerState(self.config, Cluster(nodes))
+        state.start_recovery()  # in the background: each partition answers once it is ready
         groups = self.groups = GroupRuntime(state)
         txns = self.txns = TxnRuntime(state, groups)
         txns.crash_points = self.faults  # crash_after rules (tests)

@@ -29,10 +29,12 @@ crash both the LSO and the index equal what the log says.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import re
 import resource
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +81,15 @@ STORAGE_NODE_ID = 0
 
 # Internal topics; clients see is_internal=True for these.
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+# Tests only: when set, the startup recovery thread of a broker started afterwards waits
+# for this event before it opens its first partition (partitions stay "not ready").
+RECOVERY_GATE: threading.Event | None = None
+
+# Up to this many partitions at start are opened before the broker listens (well under a
+# second; every request then finds its partition ready, as before); more are opened in the
+# background while the broker already answers.
+RECOVERY_INLINE_MAX = 1000
 
 
 def topic_name_error(name: str | None) -> str | None:
@@ -209,11 +220,18 @@ class BrokerState:
         self.quotas = ClientQuotas.load(Path(config.data_dir) / QUOTAS_FILE,
                                         config.quota_window_num, config.quota_window_size_seconds)
         self._partitions: dict[tuple[str, int], PartitionState] = {}
-        # Open (and so recover) every partition now, as Kafka loads its logs at
-        # startup, rather than on first use.
-        for name, info in self.topics().items():
-            for index in range(info.num_partitions):
-                self.partition(name, index)
+        # Recovery in the background (docs/logs.md, "Startup and recovery"): the store
+        # opens no log at startup; `start_recovery` opens every partition that existed at
+        # startup on a worker thread, internal topics first, while the broker already
+        # answers. Until its turn a partition is "not ready" (`ready`); anything else
+        # that needs it opens it on demand. `_open_lock` makes each open happen once.
+        self._open_lock = threading.Lock()
+        self._recovering: set[tuple[str, int]] = {
+            (name, index) for name, info in self.topics().items()
+            for index in range(info.num_partitions)}
+        self._recover_next: collections.deque[tuple[str, int]] = collections.deque()
+        self._recovery_stop = False
+        self._recovery_thread: threading.Thread | None = None
 
     # -- dynamic broker configs ---------------------------------------------
 
@@ -275,21 +293,82 @@ class BrokerState:
         info = self.topic(topic)
         if info is None or not 0 <= index < info.num_partitions:
             return None
-        partition_log = self.store.partition(topic, index)
-        producers = load_producer_state(partition_log, now_ms(),
-                                        self.producer_id_expiration_ms)
-        state = PartitionState(topic, index, partition_log, producers,
-                               snapshot_fsync=self.config.fsync)
-        self._partitions[key] = state
+        with self._open_lock:
+            return self._open_locked(key)
+
+    def _open_locked(self, key: tuple[str, int]) -> PartitionState:
+        """Opens (recovers) the log and its producer state (caller holds _open_lock)."""
+        state = self._partitions.get(key)
+        if state is None:
+            partition_log = self.store.partition(*key)
+            producers = load_producer_state(partition_log, now_ms(),
+                                            self.producer_id_expiration_ms)
+            state = PartitionState(key[0], key[1], partition_log, producers,
+                                   snapshot_fsync=self.config.fsync)
+            self._partitions[key] = state
+        self._recovering.discard(key)
         return state
 
+    def ready(self, topic: str, index: int) -> bool:
+        """False while the partition waits for its turn in the startup recovery: produce,
+        fetch and list offsets then answer NOT_LEADER_OR_FOLLOWER, as Kafka does for a
+        partition it does not host yet, and the partition is recovered next."""
+        key = (topic, index)
+        if key not in self._recovering or key in self._partitions:
+            return True
+        self._recover_next.append(key)
+        return False
+
+    @property
+    def recovered(self) -> bool:
+        """Whether every partition that existed at startup is open."""
+        return not self._recovering
+
+    def start_recovery(self) -> None:
+        """Opens every partition not opened yet: now when there are few, else on a worker
+        thread (internal topics first)."""
+        keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
+        if len(keys) <= RECOVERY_INLINE_MAX and RECOVERY_GATE is None:
+            self._recover(keys, None)
+            return
+        self._recovery_thread = threading.Thread(
+            target=self._recover, args=(keys, RECOVERY_GATE), name="onceflow-recovery",
+            daemon=True)
+        self._recovery_thread.start()
+
+    def _recover(self, keys: list[tuple[str, int]], gate: threading.Event | None) -> None:
+        """(recovery thread, or start_recovery) Opens `keys`, those asked for by `ready` first."""
+        while gate is not None and not gate.wait(0.1) and not self._recovery_stop:
+            pass
+        started, pending = time.monotonic(), iter(keys)
+        while not self._recovery_stop:
+            try:
+                key = self._recover_next.popleft()
+            except IndexError:
+                key = next(pending, None)
+                if key is None:
+                    break
+            with self._open_lock:
+                if key not in self._recovering:  # done on demand, or its topic was deleted
+                    continue
+                try:
+                    self._open_locked(key)
+                except Exception as exc:  # noqa: BLE001 - one bad log must not stop the rest
+                    self._recovering.discard(key)  # opened on demand at its next use
+                    logger.error("%s-%d: recovery failed: %s", key[0], key[1], exc)
+        if not self._recovery_stop:
+            logger.info("recovered %d partitions in %.2f s", len(keys),
+                        time.monotonic() - started)
+
     def partitions(self) -> list[PartitionState]:
-        """The partitions opened so far (all of them: they are opened at startup)."""
+        """The partitions opened so far."""
         return list(self._partitions.values())
 
     def forget_topic(self, name: str) -> None:
-        for key in [k for k in self._partitions if k[0] == name]:
-            self._partitions.pop(key).notify()
+        with self._open_lock:
+            self._recovering.difference_update([k for k in self._recovering if k[0] == name])
+            for key in [k for k in self._partitions if k[0] == name]:
+                self._partitions.pop(key).notify()
 
     async def enforce_retention(self) -> int:
         """One retention pass (log.retention.check.interval.ms) over every partition, on a
@@ -311,6 +390,9 @@ class BrokerState:
 
     def close(self) -> None:
         """After the coordinator runtimes are closed (they append through the partitions)."""
+        self._recovery_stop = True
+        if self._recovery_thread is not None:
+            self._recovery_thread.join()
         for state in self._partitions.values():
             state.notify()
             # Clean shutdown: the next open loads this and replays nothing.

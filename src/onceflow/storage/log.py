@@ -418,13 +418,16 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
-    def _write_state(self, clean: bool, fsync: bool = True) -> None:
-        """Persists log start and recovery point (caller holds _flush_lock)."""
+    def _state(self, clean: bool) -> PartitionState:
         with self._lock:
             active = self._segments[-1]
-            state = PartitionState(
+            return PartitionState(
                 self._log_start, self._recovery_point, clean, active.next_offset, active.size_bytes
             )
+
+    def _write_state(self, clean: bool, fsync: bool = True) -> None:
+        """Persists log start and recovery point (caller holds _flush_lock)."""
+        state = self._state(clean)
         try:
             write_partition_state(self.directory, state, fsync)
         except OSError as exc:
@@ -607,12 +610,16 @@ class PartitionLog:
             prior = read_partition_state(directory)
         except CorruptFileError:
             prior = None
-        segments, log_start, report = load_segments(directory, config, now_ms)
+        segments, log_start, report = load_segments(directory, config, now_ms, prior)
         log = cls(directory, config, segments, log_start, report)
+        if report.first_scanned is not None:  # re-validated, not yet fsync'd: see recovery.py
+            log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
-            # from here on, a crash means an unclean stop
-            log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
+            # from here on, a crash means an unclean stop; a state file that already says so
+            # with the same figures (an idle log after kill -9) is left as it is
+            if prior is None or prior.clean_shutdown or prior != log._state(clean=False):
+                log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
         return log
 
     @classmethod

@@ -41,6 +41,7 @@ is still recognised as a duplicate after a restart:
 """
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -561,9 +562,11 @@ class ProducerStateManager:
         offset from which the caller must `replay` the log. Deletes snapshots above the log end
         (the log was truncated), below the log start, corrupt ones and stray temporary files."""
         assert not self._producers and self._end_offset == 0, "load into an empty manager"
-        for stray in directory.glob(f"*{SNAPSHOT_TMP_SUFFIX}"):
-            stray.unlink(missing_ok=True)
-        for path in reversed(_snapshot_files(directory)):
+        names = os.listdir(directory)  # one listing for both (startup opens every partition)
+        for name in names:
+            if name.endswith(SNAPSHOT_TMP_SUFFIX):
+                (directory / name).unlink(missing_ok=True)
+        for path in reversed(_snapshot_files(directory, names)):
             offset = int(path.name.removesuffix(SNAPSHOT_SUFFIX))
             if not log_start_offset <= offset <= log_end_offset:
                 path.unlink(missing_ok=True)
@@ -656,11 +659,14 @@ def _decode_entry(data: bytes, position: int) -> tuple[ProducerEntry, int]:
     return entry, position
 
 
-def _snapshot_files(directory: Path) -> list[Path]:
-    """Snapshot files, oldest first; names that are not `<digits>.snapshot` are ignored."""
-    found = [p for p in directory.glob(f"*{SNAPSHOT_SUFFIX}")
-             if p.name.removesuffix(SNAPSHOT_SUFFIX).isdigit()]
-    return sorted(found, key=lambda p: int(p.name.removesuffix(SNAPSHOT_SUFFIX)))
+def _snapshot_files(directory: Path, names: list[str] | None = None) -> list[Path]:
+    """Snapshot files, oldest first; names that are not `<digits>.snapshot` are ignored.
+    `names`: the directory's listing, if the caller has it."""
+    found = sorted((int(stem), name)
+                   for name in (os.listdir(directory) if names is None else names)
+                   if name.endswith(SNAPSHOT_SUFFIX)
+                   and (stem := name.removesuffix(SNAPSHOT_SUFFIX)).isdigit())
+    return [directory / name for _, name in found]
 
 
 def _write_atomically(path: Path, data: bytes, fsync: bool) -> None:

@@ -16,8 +16,9 @@ whose .log is gone), then reads `partition.state`:
   segment whose indexes fail their checks is re-validated (and its indexes rebuilt) too.
 
 Then segments wholly below the persisted log start are deleted (a crash may have
-interrupted retention), recovered files and the directory are fsync'd, and the caller
-writes a fresh state file (clean flag off) before accepting appends.
+interrupted retention), and the caller writes a fresh state file (clean flag off) before
+accepting appends. Re-validated segments are not fsync'd here: they stay dirty, the log's
+recovery point stays at the first of them, and the log's next flush syncs them.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class RecoveryReport(NamedTuple):
     bytes_truncated: int  # invalid tail bytes removed
     segments_dropped: int  # whole segments deleted after a truncation (or inconsistent)
     problem: str | None  # the first problem found, for the log
+    # Base offset of the first re-validated segment still in the log: everything below it
+    # is durable; from it on the files may hold bytes that reached only the page cache.
+    first_scanned: int | None = None
 
 
 def index_entries_max(config: LogConfig) -> int:
@@ -79,20 +83,21 @@ def take_dirty_fds(segments: list[Segment], directory: Path | None) -> list[int]
 
 
 def load_segments(
-    directory: Path, config: LogConfig, now_ms: int
+    directory: Path, config: LogConfig, now_ms: int, state: PartitionState | None = None,
 ) -> tuple[list[Segment], int, RecoveryReport]:
     """Opens (creating if needed) and recovers the segments in `directory`: returns them
-    (at least one), the log start offset and what recovery did."""
+    (at least one), the log start offset and what recovery did. `state`: the partition
+    state file as the caller read it (else read here; a corrupt one means "recover all")."""
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     if created:
         fsync_dir(directory.parent)
     bases = _clean_directory(directory)
-    try:
-        state = read_partition_state(directory)
-    except CorruptFileError as exc:
-        logger.error("%s: %s; recovering the whole log", directory, exc)
-        state = None
+    if state is None and not created:
+        try:
+            state = read_partition_state(directory)
+        except CorruptFileError as exc:
+            logger.error("%s: %s; recovering the whole log", directory, exc)
     return _load(directory, config, bases, state, now_ms)
 
 
@@ -149,9 +154,10 @@ def _load(
     log_start = state.log_start_offset if state is not None else (bases[0] if bases else 0)
     segments, dropped = _apply_log_start(directory, config, segments, log_start)
     live = [s for s in scanned if not s.closed]
-    # Scanned empty segments with nothing truncated have nothing only in the page cache.
-    if any(s.size_bytes > 0 for s in live) or report.bytes_truncated or report.segments_dropped:
-        _sync_recovered(live, directory)
+    # Re-validated segments are not fsync'd here: they stay dirty (Segment.recover), the log's
+    # recovery point stays at the first of them (PartitionLog.open), and its next flush
+    # syncs them; a crash before that re-validates them again. Kafka does the same.
+    first_scanned = min((s.base_offset for s in live), default=None)
     if report.bytes_truncated or report.segments_dropped:
         logger.warning(
             "%s: recovery truncated %d bytes, dropped %d segments: %s",
@@ -163,7 +169,8 @@ def _load(
     if dropped:
         logger.info("%s: deleted %d segments below the log start %d", directory, dropped, log_start)
     report = report._replace(
-        clean_shutdown=clean, segments_dropped=report.segments_dropped + dropped
+        clean_shutdown=clean, segments_dropped=report.segments_dropped + dropped,
+        first_scanned=first_scanned,
     )
     return segments, max(log_start, segments[0].base_offset), report
 
@@ -252,15 +259,3 @@ def _apply_log_start(
     if dropped:
         fsync_dir(directory)
     return segments, dropped
-
-
-def _sync_recovered(segments: list[Segment], directory: Path) -> None:
-    """Recovered bytes may exist only in the page cache: make them durable before the
-    recovery point moves past them."""
-    fds = take_dirty_fds(segments, directory)
-    try:
-        for fd in fds:
-            os.fsync(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)

@@ -105,11 +105,13 @@ class Store:
         self._deleting: dict[str, TopicInfo] = {}
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._batch: list[str] | None = None  # topics created inside `batch()`, not yet saved
+        self._closed = False
+        self._configs: dict[tuple[tuple[str, str], ...], LogConfig] = {}  # by overrides
         self._load_meta()
         for info in list(self._deleting.values()):
             self._finish_delete(info)
-        for info in self._topics.values():
-            self._open_partitions(info, range(info.num_partitions))
+        # Logs are opened (and so recovered) on first use, by `partition`: a restart reads
+        # only topics.meta, and the broker recovers its partitions in the background.
         self._warn_unknown_dirs()
 
     # -- queries --------------------------------------------------------------------------------
@@ -119,11 +121,27 @@ class Store:
             return dict(self._topics)
 
     def partition(self, topic: str, index: int) -> PartitionLog:
+        """The partition's log, opened (and recovered) now if this is its first use since the
+        store was opened. Raises UnknownTopicError, or what opening raises (OSError,
+        StorageError)."""
+        log = self._logs.get((topic, index))
+        if log is not None:
+            return log
         with self._lock:
             log = self._logs.get((topic, index))
-        if log is None:
-            raise UnknownTopicError(f"unknown topic partition {topic}-{index}")
-        return log
+            if log is not None:
+                return log
+            info = self._topics.get(topic)
+            if info is None or not 0 <= index < info.num_partitions:
+                raise UnknownTopicError(f"unknown topic partition {topic}-{index}")
+            if self._closed:
+                raise LogFailedError(f"{topic}-{index}: the store is closed")
+            self._open_partitions(info, range(index, index + 1))
+            return self._logs[(topic, index)]
+
+    def is_open(self, topic: str, index: int) -> bool:
+        """Whether the partition's log has been opened (recovered) since the store was."""
+        return (topic, index) in self._logs
 
     def log_config(self, topic: str) -> LogConfig:
         with self._lock:
@@ -243,7 +261,9 @@ class Store:
             self._topics[name] = dataclasses.replace(info, configs=dict(overrides))
             self._save_meta_or_undo(lambda: self._topics.__setitem__(name, info))
             for index in range(info.num_partitions):
-                self._logs[(name, index)].update_config(config)
+                log = self._logs.get((name, index))
+                if log is not None:  # one not opened yet reads the new overrides when it is
+                    log.update_config(config)
 
     def set_log_defaults(self, log_defaults: Mapping[str, str]) -> None:
         """New broker log.* defaults (topic config names; InvalidConfigError): every log
@@ -252,6 +272,7 @@ class Store:
         defaults = validate_topic_configs(log_defaults)
         with self._lock:
             self._log_defaults = defaults
+            self._configs.clear()   # parsed under the old defaults: logs opened later use these
             configs = {name: self._config_of(info.configs) for name, info in self._topics.items()}
             for (name, _index), log in self._logs.items():
                 if name in configs:
@@ -260,6 +281,7 @@ class Store:
     def close(self) -> None:
         """Closes every log cleanly (flush + clean-shutdown state)."""
         with self._lock:
+            self._closed = True
             logs, self._logs = list(self._logs.values()), {}
         errors = []
         for log in logs:
@@ -288,7 +310,10 @@ class Store:
     def _open_partitions(self, info: TopicInfo, indexes: range, new: bool = False) -> None:
         """Opens (recovers) the logs; `new`: the partitions were just created, so their
         directories are made without per-log fsyncs and the data dir is fsync'd once."""
-        config = self._config_of(info.configs)
+        key = tuple(sorted(info.configs.items()))
+        config = self._configs.get(key)
+        if config is None:  # parsed once per distinct overrides, not once per partition
+            config = self._configs[key] = self._config_of(info.configs)
         for index in indexes:
             path = self._partition_dir(info.name, index)
             if new and not path.exists():
@@ -313,7 +338,8 @@ class Store:
         self._save_meta()
 
     def _warn_unknown_dirs(self) -> None:
-        known = {self._partition_dir(t, i).name for (t, i) in self._logs}
+        known = {self._partition_dir(info.name, i).name
+                 for info in self._topics.values() for i in range(info.num_partitions)}
         for path in self.data_dir.iterdir():
             if path.is_dir() and path.name not in known:
                 logger.warning(

@@ -144,6 +144,8 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
             item.error_code = _stale_id_error(state, name, index)
         elif info is None:
             item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
+        elif not state.ready(info.name, index):  # still recovering
+            item.error_code = ErrorCode.not_leader_or_follower
         elif (partition := state.partition(info.name, index)) is None:
             item.error_code = ErrorCode.unknown_topic_or_partition
         elif (leader := state.leader(info, index)) != ctx.node_id:

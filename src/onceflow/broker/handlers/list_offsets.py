@@ -33,6 +33,8 @@ def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
     if p.timestamp < 0 and ctx.api_version < SPECIAL_SINCE.get(p.timestamp, 2**15):
         return {**result, "error_code": ErrorCode.unsupported_version}   # before existence
     info = state.topic(topic)
+    if info is not None and not state.ready(topic, p.partition_index):  # still recovering
+        return {**result, "error_code": ErrorCode.not_leader_or_follower}
     partition = state.partition(topic, p.partition_index) if info else None
     if partition is None:
         return {**result, "error_code": ErrorCode.unknown_topic_or_partition}

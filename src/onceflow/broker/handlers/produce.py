@@ -164,6 +164,9 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
     outcome = _Outcome(data.index)
     state = ctx.broker
     info = state.topic(topic)
+    if info is not None and not state.ready(topic, data.index):  # still recovering
+        outcome.error_code = ErrorCode.not_leader_or_follower
+        return outcome
     partition = state.partition(topic, data.index) if info else None
     if partition is None:
         outcome.error_code = ErrorCode.unknown_topic_or_partition

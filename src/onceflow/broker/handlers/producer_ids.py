@@ -86,6 +86,9 @@ def can_bump(state: BrokerState, producer_id: int, producer_epoch: int, fresh_id
 
 def init_idempotent(state: BrokerState, producer_id: int, producer_epoch: int) -> dict:
     """The answer for a request without a transactional id (see the module docstring)."""
+    if producer_id != NO_PRODUCER_ID and not state.recovered:
+        # A partition not recovered yet may know a newer epoch: the client retries.
+        return _answer(ErrorCode.coordinator_load_in_progress)
     try:
         # Drawn first: an upper bound of every PID handed out so far, and the answer
         # whenever a bump is not possible. A bump wastes it; PIDs are int64.
