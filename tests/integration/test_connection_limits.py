@@ -133,31 +133,34 @@ def test_per_ip_zero_needs_overrides(tmp_path):
 def test_a_dynamic_per_ip_limit_applies_to_the_next_accept(tmp_path):
     """IncrementalAlterConfigs on BROKER "0" (as `kafka-configs --alter --entity-type brokers
     --entity-name 0 --add-config max.connections.per.ip=2`) takes effect without a restart;
-    deleting it brings back the static value; a dynamic zero without overrides is refused."""
-    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
-                                       ConfigResource, ResourceType)
+    deleting it brings back the static value; a dynamic zero without overrides is refused.
+    (Sent on a raw connection that is closed at once, so the count is known.)"""
+    from kio.schema.errors import ErrorCode
 
-    def alter(op: AlterConfigOpType, value: str | None) -> None:
-        entry = ConfigEntry("max.connections.per.ip", value, incremental_operation=op)
-        resource = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[entry])
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(WAIT_S)
+    from tests.kafka_raw import RawClient
+
+    def alter(operation: int, value: str | None) -> tuple[ErrorCode, str | None]:
+        body = {"resources": [{"resource_type": 4, "resource_name": "0", "configs": [
+            {"name": "max.connections.per.ip", "config_operation": operation,
+             "value": value}]}], "validate_only": False}
+        with RawClient(broker.bootstrap_servers) as client:
+            (result,) = client.request(44, 1, body).responses
+        return result.error_code, result.error_message
 
     with Broker(tmp_path / "data", **SMALL) as broker:
         quotas = broker.server.connections.quotas
-        with pytest.raises(Exception, match="can be set to zero only if"):
-            alter(AlterConfigOpType.SET, "0")
-        alter(AlterConfigOpType.SET, "2")
-        wait_for(lambda: quotas.total == 0, "the admin client's connection to close", WAIT_S)
+        error, message = alter(0, "0")
+        assert error == ErrorCode.invalid_request and "can be set to zero only if" in message
+        assert alter(0, "2") == (ErrorCode.none, None)
+        wait_for(lambda: quotas.total == 0, "the raw connection to be released", WAIT_S)
         with connect(broker) as first, connect(broker) as second:
             assert api_versions(first) and api_versions(second)
             with connect(broker) as third:
                 assert api_versions(third) == b""   # over the dynamic limit: closed
             assert api_versions(first)
         wait_for(lambda: quotas.total == 0, "the two connections to be released", WAIT_S)
-        alter(AlterConfigOpType.DELETE, None)   # back to the static default: no limit
-        wait_for(lambda: quotas.total == 0, "the admin client's connection to close", WAIT_S)
+        assert alter(1, None) == (ErrorCode.none, None)   # DELETE: the static default again
+        wait_for(lambda: quotas.total == 0, "the raw connection to be released", WAIT_S)
         sockets = [connect(broker) for _ in range(3)]
         try:
             assert all(api_versions(sock) for sock in sockets)
