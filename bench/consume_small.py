@@ -17,7 +17,9 @@ last record), the broker's CPU (onceflow and tansu), and from librdkafka's own s
 of the consumer's connection to the broker: the Fetch requests sent, the mean answer size
 (bytes received / answers received, all APIs, so a little under the Fetch answers'), and
 the round-trip time (librdkafka's `rtt`, request sent to answer read, all requests: mean
-over the read and the worst interval's p99, in ms). A round trip near `fetch.wait.max.ms` (500 ms by default)
+over the read and the worst interval's p99, in ms). Then the same Fetch request, sent to
+each system with a plain-socket client (tests/kafka_raw.py): the record bytes its answer
+carries per partition, against the request's limits. A round trip near `fetch.wait.max.ms` (500 ms by default)
 means the broker held a fetch that could have been answered.
 """
 
@@ -38,6 +40,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import _tansu
 from _mock_cluster import MockCluster
@@ -47,6 +50,8 @@ TOPIC = "consume-small"
 VALUE_BYTES = 100
 STATS_INTERVAL_MS = 100
 TIMEOUT_S = 300.0
+FETCH_MAX_BYTES = 52_428_800       # librdkafka's fetch.max.bytes default
+PARTITION_MAX_BYTES = 1_048_576    # librdkafka's max.partition.fetch.bytes default
 
 
 def produce(bootstrap: str, records: int, partitions: int) -> None:
@@ -112,7 +117,27 @@ def run(name: str, bootstrap: str, args: argparse.Namespace, broker_pid: int | N
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
         result = pool.apply(consume, (bootstrap, args.records, args.partitions, broker_pid))
-    return {"name": name, "expected": args.records, **result}
+    return {"name": name, "expected": args.records, **result,
+            "same_fetch": same_fetch(bootstrap, args.partitions)}
+
+
+def same_fetch(bootstrap: str, partitions: int) -> dict:
+    """One Fetch v12 as librdkafka's defaults send it (fetch.max.bytes 52,428,800,
+    max.partition.fetch.bytes 1,048,576, every partition from offset 0): the record bytes
+    the answer carries per partition and the time it took."""
+    from kafka_raw import RawClient  # tests/kafka_raw.py: a plain-socket client
+
+    body = {"max_wait": 500, "min_bytes": 1, "max_bytes": FETCH_MAX_BYTES,
+            "topics": [{"topic": TOPIC, "partitions": [
+                {"partition": p, "fetch_offset": 0, "partition_max_bytes": PARTITION_MAX_BYTES}
+                for p in range(partitions)]}],
+            "forgotten_topics_data": []}
+    with RawClient(bootstrap) as client:
+        start = time.perf_counter()
+        answer = client.request(1, 12, body)
+        seconds = time.perf_counter() - start
+    sizes = [len(p.records or b"") for t in answer.responses for p in t.partitions]
+    return {"partition_bytes": sizes, "ms": seconds * 1000}
 
 
 def row(result: dict) -> str:
@@ -159,6 +184,13 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for result in results:
         print(row(result))
+    print(f"\nThe same Fetch v12 (max_bytes {FETCH_MAX_BYTES:,}, partition_max_bytes "
+          f"{PARTITION_MAX_BYTES:,}, every partition from offset 0), record bytes per "
+          "partition in the answer:\n")
+    for result in results:
+        fetched = result["same_fetch"]
+        print(f"- {result['name']}: {', '.join(f'{b:,}' for b in fetched['partition_bytes'])}"
+              f" ({fetched['ms']:.1f} ms)")
     for note in notes:
         print(f"\n{note}")
     print(json.dumps(results), file=sys.stderr)
