@@ -4,10 +4,13 @@ Theory of operation. A connection is an `asyncio.BufferedProtocol` around a sans
 `FrameReader`: the socket reads straight into the buffers the reader hands out (a large
 request's body lands in its own pooled buffer, never copied again: protocol/framing.py),
 and every complete frame goes to `RequestPipeline.start` (broker/pipeline.py) at once, in
-arrival order; the work it returns starts as a task then (so the handlers' synchronous
-parts - the appends - run in that order). Answers are written strictly in request order
-by one writer coroutine per connection, as Kafka guarantees; once a request is answered
-its frame goes back to the shared `BufferPool`. At most
+arrival order; the work it returns runs at once up to its first wait (so the handlers'
+synchronous parts - the appends - run in that order), and only work that does wait goes
+on as a task (`_run_eagerly`: most small requests cost no task). Answers are written
+strictly in request order, as Kafka guarantees: one answered at once with nothing before
+it is written right away, the others by one writer coroutine per connection, which writes
+all the answers already done in one `writelines` call; once a request is answered its
+frame goes back to the shared `BufferPool`. At most
 `CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection are in the broker; past that
 the connection stops reading until one is answered.
 
@@ -341,8 +344,11 @@ class Connection(asyncio.BufferedProtocol):
                 await _settled(head)   # its outcome, error or not, is _answer_head's
             if not self._answer_head(out):
                 return
-        self._flush_answers(out)
-        await self._writable()
+            if not self._pending or not self._pending[0][0].done():
+                # Nothing more ready: write what is, then wait for the transport before
+                # looking again (requests may arrive meanwhile: the loop takes them).
+                self._flush_answers(out)
+                await self._writable()
 
     async def _writable(self) -> None:
         """Until the transport takes more (made by the first pause_writing only)."""
