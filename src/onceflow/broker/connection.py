@@ -4,10 +4,13 @@ Theory of operation. A connection is an `asyncio.BufferedProtocol` around a sans
 `FrameReader`: the socket reads straight into the buffers the reader hands out (a large
 request's body lands in its own pooled buffer, never copied again: protocol/framing.py),
 and every complete frame goes to `RequestPipeline.start` (broker/pipeline.py) at once, in
-arrival order; the work it returns starts as a task then (so the handlers' synchronous
-parts - the appends - run in that order). Answers are written strictly in request order
-by one writer coroutine per connection, as Kafka guarantees; once a request is answered
-its frame goes back to the shared `BufferPool`. At most
+arrival order; the work it returns runs at once up to its first wait (so the handlers'
+synchronous parts - the appends - run in that order), and only work that does wait goes
+on as a task (`_run_eagerly`: most small requests cost no task). Answers are written
+strictly in request order, as Kafka guarantees: one answered at once with nothing before
+it is written right away, the others by one writer coroutine per connection, which writes
+all the answers already done in one `writelines` call; once a request is answered its
+frame goes back to the shared `BufferPool`. At most
 `CONNECTION_REQUESTS_IN_FLIGHT_MAX` requests of a connection are in the broker; past that
 the connection stops reading until one is answered.
 
@@ -31,7 +34,9 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from onceflow.broker.access import Access, Session
 from onceflow.broker.config import CONNECTION_REQUESTS_IN_FLIGHT_MAX
@@ -307,7 +312,7 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(work, bytes):  # answered by the pipeline itself
             self._enqueue(_done(work), frame)
         else:
-            self._enqueue(asyncio.ensure_future(work), frame)
+            self._enqueue(_run_eagerly(work), frame)
 
     def _enqueue(self, future: asyncio.Future[Answer | bytes], frame: bytes | memoryview) -> None:
         self._pending.append((future, frame))
@@ -318,58 +323,97 @@ class Connection(asyncio.BufferedProtocol):
             assert self._transport is not None
             self._transport.pause_reading()
         if self._writer is None or self._writer.done():
+            if (future.done() and len(self._pending) == 1
+                    and (self._can_write is None or self._can_write.is_set())):
+                # Answered at once and nothing before it: written now, without a task.
+                out: list[bytes | memoryview] = []
+                self._answer_head(out)
+                self._flush_answers(out)
+                return
             self._writer = asyncio.ensure_future(self._write_responses())
             self._shared.writers.add(self._writer)
             self._writer.add_done_callback(self._shared.writers.discard)
 
     async def _write_responses(self) -> None:
+        out: list[bytes | memoryview] = []   # answers ready, written in one syscall
         while self._pending and not self._closed:
-            try:
-                payload = await self._pending[0][0]
-            except asyncio.CancelledError:
+            head = self._pending[0][0]
+            if not head.done():
+                self._flush_answers(out)
+                await self._writable()
+                await _settled(head)   # its outcome, error or not, is _answer_head's
+            if not self._answer_head(out):
                 return
-            except Exception:
-                log.exception("handler failed; closing the connection")
-                self._shared.handler_failures += 1
-                self._drop("handler failure")
-                return
-            # The handler is done with the request: its frame may serve another one
-            # (the pool checks that no view of it is left).
-            self._shared.frame_pool.give(self._pending.popleft()[1])
-            if payload is LOST_ANSWER:
-                self._stall()
-                return
-            # The client may have gone while the handler ran (its answer was already done,
-            # so connection_lost could not cancel it): a closed uvloop transport raises on
-            # write, and nobody is left to read the answer anyway.
-            if payload is not None and self._transport is not None and not self._closed:
-                if isinstance(payload, list):   # scatter-gather: records are not copied
-                    self._transport.writelines(payload)
-                else:
-                    self._transport.write(payload)
-                if self._can_write is not None:
-                    await self._can_write.wait()
-            if self._peer.muted_until:
-                self._mute()
-            if self._login_failed():
-                # Kafka closes after the SASL_AUTHENTICATION_FAILED (or
-                # UNSUPPORTED_SASL_MECHANISM) answer; close() flushes it first.
-                log.info("closing connection to node %d: SASL authentication failed",
-                         self.node_id)
+            if not self._pending or not self._pending[0][0].done():
+                # Nothing more ready: write what is, then wait for the transport before
+                # looking again (requests may arrive meanwhile: the loop takes them).
+                self._flush_answers(out)
+                await self._writable()
+
+    async def _writable(self) -> None:
+        """Until the transport takes more (made by the first pause_writing only)."""
+        if self._can_write is not None:
+            await self._can_write.wait()
+
+    def _flush_answers(self, out: list[bytes | memoryview]) -> None:
+        # The client may have gone while the handler ran (its answer was already done,
+        # so connection_lost could not cancel it): a closed uvloop transport raises on
+        # write, and nobody is left to read the answer anyway.
+        if out and self._transport is not None and not self._closed:
+            self._transport.writelines(out)   # scatter-gather: records are not copied
+        out.clear()
+
+    def _answer_head(self, out: list[bytes | memoryview]) -> bool:
+        """Take the answer of the oldest request (done) into `out`, and what follows from
+        it (mute, close); False once nothing more is to be written."""
+        future = self._pending[0][0]
+        try:
+            payload = future.result()
+        except asyncio.CancelledError:
+            return False
+        except Exception:
+            log.exception("handler failed; closing the connection")
+            self._shared.handler_failures += 1
+            self._flush_answers(out)
+            self._drop("handler failure")
+            return False
+        # The handler is done with the request: its frame may serve another one
+        # (the pool checks that no view of it is left).
+        self._shared.frame_pool.give(self._pending.popleft()[1])
+        if payload is LOST_ANSWER:
+            self._flush_answers(out)
+            self._stall()
+            return False
+        if payload is not None:
+            if isinstance(payload, list):
+                out += payload
+            else:
+                out.append(payload)
+        if self._peer.muted_until:
+            self._flush_answers(out)
+            self._mute()
+        if self._login_failed():
+            # Kafka closes after the SASL_AUTHENTICATION_FAILED (or
+            # UNSUPPORTED_SASL_MECHANISM) answer; close() flushes it first.
+            log.info("closing connection to node %d: SASL authentication failed",
+                     self.node_id)
+            self._flush_answers(out)
+            self._closed = True
+            if self._transport is not None:
+                self._transport.close()
+            return False
+        if self._closing is not None:
+            if not self._pending and self._transport is not None:
+                self._flush_answers(out)
                 self._closed = True
-                if self._transport is not None:
-                    self._transport.close()
-                return
-            if self._closing is not None:
-                if not self._pending and self._transport is not None:
-                    self._closed = True
-                    self._transport.close()   # flushes the answers written above
-                continue
-            if (self._reading_paused and self._muted is None
-                    and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX):
-                self._reading_paused = False
-                if self._transport is not None and not self._closed:
-                    self._transport.resume_reading()
+                self._transport.close()   # flushes the answers written above
+            return True
+        if (self._reading_paused and self._muted is None
+                and len(self._pending) < CONNECTION_REQUESTS_IN_FLIGHT_MAX):
+            self._reading_paused = False
+            if self._transport is not None and not self._closed:
+                self._transport.resume_reading()
+        return True
 
     def _mute(self) -> None:
         """A client over its quota: read nothing more until its throttle time has passed
@@ -479,6 +523,59 @@ def rfc2253(subject: tuple) -> str:
     for rdn in reversed(subject):
         rdns.append("+".join(f"{_RDN_KEYWORDS.get(k, k)}={escape(v)}" for k, v in rdn))
     return ",".join(rdns)
+
+
+def _run_eagerly(work: Awaitable[Answer | bytes]) -> asyncio.Future[Answer | bytes]:
+    """Run the request's work up to its first wait, here and now: a request answered
+    without waiting (most small ones: acks=1 produce, metadata, heartbeats) costs no task
+    (issue 19). Work that does wait goes on in a task from where it stopped."""
+    if not isinstance(work, types.CoroutineType):
+        return asyncio.ensure_future(work)
+    try:
+        waited_on = work.send(None)
+    except StopIteration as stop:
+        return _done(stop.value)
+    except Exception as exc:  # noqa: BLE001 - reported by the writer, as a task's would be
+        future: asyncio.Future[Answer | bytes] = asyncio.get_running_loop().create_future()
+        future.set_exception(exc)
+        return future
+    return asyncio.ensure_future(_resume(work, waited_on))
+
+
+async def _resume(work: Coroutine[Any, Any, Answer | bytes], waited_on: Any) -> Answer | bytes:
+    """Drive `work` on from a wait its first step began outside any task, as a task
+    would: resumed once what it waits on is done, cancelled into it where it waits."""
+    while True:
+        step: Callable[[Any], Any] = work.send
+        value: Any = None
+        try:
+            if waited_on is None:   # a bare yield (asyncio.sleep(0)): one loop turn
+                await asyncio.sleep(0)
+            elif asyncio.isfuture(waited_on):
+                waited_on._asyncio_future_blocking = False   # as Task.__step takes it
+                await _settled(waited_on)
+            else:
+                step, value = work.throw, RuntimeError(f"yield of a non-future {waited_on!r}")
+        except asyncio.CancelledError as exc:
+            if waited_on is not None:
+                waited_on.cancel()
+            step, value = work.throw, exc
+        try:
+            waited_on = step(value)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _settled(future: asyncio.Future[Any]) -> asyncio.Future[None]:
+    """A future done when `future` is, whatever its outcome (its owner reads that)."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    future.add_done_callback(wake)
+    return waiter
 
 
 def _done(payload: bytes) -> asyncio.Future[Answer | bytes]:

@@ -69,6 +69,7 @@ from onceflow.protocol.codec import (
     encode_response_chunks,
 )
 from onceflow.protocol.errors import UnsupportedVersion
+from onceflow.protocol.produce_response import encode_produce_response
 
 # An encoded answer: buffers for `writelines`, or None when nothing is sent.
 Answer = list[bytes | memoryview] | None
@@ -119,6 +120,10 @@ def encode(header: RequestHeader, body: dict | None) -> Answer:
     """A handler's plain-data answer as response frame buffers; None: no response."""
     if body is None:
         return None
+    if header.api_key == ApiKey.PRODUCE:   # the hot path of small requests (issue 19)
+        answer = encode_produce_response(header.correlation_id, header.api_version, body)
+        if answer is not None:
+            return answer
     return encode_response_chunks(header, build_response(header, **body))
 
 

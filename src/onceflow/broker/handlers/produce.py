@@ -224,10 +224,19 @@ async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
             if o.partition is not None and o.partition.log.recovery_point_offset < o.durable_end}
     if not logs:
         return
-    futures = [asyncio.wrap_future(ctx.broker.committer.request_flush(log)) for log in logs.values()]
-    results = await asyncio.gather(*futures, return_exceptions=True)
-    failed = {key: result for key, result in zip(logs, results, strict=True)
-              if isinstance(result, BaseException)}
+    committer = ctx.broker.committer
+    failed: dict[int, BaseException] = {}
+    if len(logs) == 1:   # the common small request: no gather, one future less (issue 19)
+        [(key, log)] = logs.items()
+        try:
+            await asyncio.wrap_future(committer.request_flush(log))
+        except LogFailedError as error:
+            failed[key] = error
+    else:
+        futures = [asyncio.wrap_future(committer.request_flush(log)) for log in logs.values()]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = {key: result for key, result in zip(logs, results, strict=True)
+                  if isinstance(result, BaseException)}
     for outcome in outcomes:
         error = failed.get(id(outcome.partition))
         if error is not None:
