@@ -330,9 +330,15 @@ def check_copies(report: Report, final: dict, txns: dict, parts: dict[int, Parti
 
 def check_copier_offsets(report: Report, txns: dict, parts: dict[int, Partition]) -> None:
     """Each committed copier transaction starts on each partition where the one committed
-    before it ended (its group offset): no committed input between, none again."""
-    done = sorted((t for t in txns.values() if t.outcome != "aborted" and t.inputs),
-                  key=lambda t: t.done_t if t.done_t is not None else float("inf"))
+    before it ended (its group offset): no committed input between, none again. A
+    transaction of unknown outcome (its client died in commit_transaction: it may have
+    committed) takes its place in that order when its commit was asked, so no judgement
+    is made across it."""
+    def order(t: Txn) -> float:
+        if t.done_t is not None:
+            return t.done_t
+        return t.commit_asked_t if t.commit_asked_t is not None else float("inf")
+    done = sorted((t for t in txns.values() if t.outcome != "aborted" and t.inputs), key=order)
     end: dict[int, int | None] = defaultdict(int)
     for txn in done:
         first: dict[int, int] = {}
