@@ -143,6 +143,18 @@ def test_a_consumer_fetch_is_capped_to_its_quota_window(tmp_path):
                          {"consumer_byte_rate": float(FETCH_QUOTA_BYTES_S)})[0] == 0
         with RawClient(bootstrap, client_id=capped) as client:
             capped_bytes = _answered(_fetch(client, tid, 0, -1, {0: 0}))[0]
+            # Over the quota now: Kafka answers the next fetch (here one that would create
+            # a session) with its throttle time and no records, creates no session, and
+            # takes back the bytes it did not send (so one later fetch is not punished
+            # for them).
+            throttled = _fetch(client, tid, 0, 0, {0: 0})
+            assert throttled.throttle_time.total_seconds() > 0
+            assert throttled.responses == () and throttled.session_id == 0
+            quotas = broker.server.state.quotas
+            window = next(w for (key, *_), w in quotas._windows.items()
+                          if key == "consumer_byte_rate")
+            recorded = sum(total for _start, total in window._buckets)
+            assert recorded == capped_bytes, (recorded, capped_bytes)
         with RawClient(bootstrap, client_id=unique("free")) as client:
             free_bytes = _answered(_fetch(client, tid, 0, -1, {0: 0}))[0]
     # Whole batches up to the window's bytes (the first batch always, KIP-74).

@@ -185,18 +185,18 @@ def throttle(state: BrokerState, request: Request, peer: Peer, body: dict, size:
     """Count the request against the client's byte-rate and request-time quotas; over
     either, put the larger throttle time in the answer and mute the connection that long."""
     header = request.header
-    if header.api_key == ApiKey.PRODUCE:
-        key, value = PRODUCER_BYTE_RATE, size
-    elif header.api_key == ApiKey.FETCH and getattr(request.body, "replica_id", -1) < 0:
-        key, value = CONSUMER_BYTE_RATE, sum(len(p.get("records") or b"")
-                                             for t in body.get("responses", ())
-                                             for p in t.get("partitions", ()))
-    else:
-        key, value = "", 0
     user = quota_user(peer.session.principal if peer.session is not None
                       else f"User:{ANONYMOUS_USER}")
     client_id = header.client_id or ""
-    bytes_ms = state.quotas.record(key, user, client_id, value) if key else 0
+    if header.api_key == ApiKey.PRODUCE:
+        key = PRODUCER_BYTE_RATE
+        bytes_ms = state.quotas.record(key, user, client_id, size)
+    elif header.api_key == ApiKey.FETCH:
+        # A consumer's fetched bytes are counted by the handler (handlers/fetch.py), which
+        # answers an over-quota fetch empty, as Kafka does, with its throttle time.
+        key, bytes_ms = CONSUMER_BYTE_RATE, body.get("throttle_time", 0)
+    else:
+        key, bytes_ms = "", 0
     time_ms = (state.quotas.record_request_time(user, client_id, busy_ns)
                if request_time_counts(request, peer) else 0)
     throttle_ms = max(bytes_ms, time_ms)

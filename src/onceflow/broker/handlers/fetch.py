@@ -300,6 +300,13 @@ async def fetch(ctx: RequestContext, body) -> dict:
             break
         await _wait_for_data(wanted, remaining_s)
         _drop_gone(ctx, wanted)
+    throttle_ms = _record_fetched(ctx, body, responses)
+    if throttle_ms > 0:
+        # Kafka's getThrottledResponse: no records, the session (if any) untouched beyond
+        # its epoch, none created; the connection is muted for the throttle time.
+        return {"throttle_time": throttle_ms, "error_code": ErrorCode.none,
+                "session_id": 0 if session is None else session.session_id,
+                "responses": [], "node_endpoints": []}
     if session_epoch == INITIAL_EPOCH:
         session = cache.create(ctx.node_id, by_id, requested)
     if session is not None:
@@ -321,6 +328,22 @@ async def fetch(ctx: RequestContext, body) -> dict:
             "session_id": 0 if session is None else session.session_id,
             "responses": _group(wanted, responses, by_id),
             "node_endpoints": _leader_endpoints(ctx, wanted)}
+
+
+def _record_fetched(ctx: RequestContext, body, responses: list[dict]) -> int:
+    """Count a consumer's fetched record bytes against its consumer_byte_rate quota; the
+    throttle time it earns. Over the quota the bytes are taken back (they are not sent:
+    the answer is empty), as KafkaApis.handleFetchRequest un-records them."""
+    quotas = ctx.broker.quotas
+    if not quotas.active() or getattr(body, "replica_id", -1) >= 0:
+        return 0
+    fetched = sum(len(response["records"] or b"") for response in responses)
+    principal = ctx.session.principal if ctx.session is not None else ANONYMOUS
+    user, client_id = quota_user(principal), ctx.client_id or ""
+    throttle_ms = quotas.record(CONSUMER_BYTE_RATE, user, client_id, fetched)
+    if throttle_ms > 0 and fetched:
+        quotas.record(CONSUMER_BYTE_RATE, user, client_id, -fetched)
+    return throttle_ms
 
 
 def _quota_window_bytes(ctx: RequestContext, body) -> int:
