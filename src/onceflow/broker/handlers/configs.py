@@ -357,13 +357,8 @@ def _alter_one(ctx: RequestContext, resource, validate_only: bool) -> dict:
         if not validate_only:
             loggers.apply(resource.configs)
         return result
-    if resource.resource_type == RESOURCE_BROKER:
-        return _alter_broker(ctx, resource, result, validate_only, incremental=True)
-    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
-        return _alter_resource(ctx, resource, result, validate_only, incremental=True)
     if resource.resource_type != RESOURCE_TOPIC:
-        return {**result, "error_code": ErrorCode.invalid_request,
-                "error_message": f"Unknown resource type {resource.resource_type}"}
+        return _alter_not_topic(ctx, resource, result, validate_only, incremental=True)
     info = ctx.broker.topic(resource.resource_name)
     if info is None:
         return _unknown_topic(result, resource.resource_name)
@@ -461,18 +456,25 @@ def _alter_legacy_one(ctx: RequestContext, resource, validate_only: bool) -> dic
         if nulls:
             return {**result, "error_code": ErrorCode.invalid_request,
                     "error_message": "Null value not supported for : " + ", ".join(nulls)}
-    if resource.resource_type == RESOURCE_BROKER:
-        return _alter_broker(ctx, resource, result, validate_only, incremental=False)
-    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
-        return _alter_resource(ctx, resource, result, validate_only, incremental=False)
     if resource.resource_type != RESOURCE_TOPIC:
-        return {**result, "error_code": ErrorCode.invalid_request,
-                "error_message": f"Unknown resource type {resource.resource_type}"}
+        return _alter_not_topic(ctx, resource, result, validate_only, incremental=False)
     info = ctx.broker.topic(resource.resource_name)
     if info is None:
         return _unknown_topic(result, resource.resource_name)
     return _replace_topic_configs(ctx, info.name, {c.name: c.value for c in resource.configs},
                                   result, validate_only)
+
+
+def _alter_not_topic(ctx: RequestContext, resource, result: dict, validate_only: bool,
+                     incremental: bool) -> dict:
+    """A BROKER, GROUP or CLIENT_METRICS resource, or INVALID_REQUEST for an unknown type
+    (AlterConfigs and IncrementalAlterConfigs alike)."""
+    if resource.resource_type == RESOURCE_BROKER:
+        return _alter_broker(ctx, resource, result, validate_only, incremental=incremental)
+    if resource.resource_type in (RESOURCE_GROUP, RESOURCE_CLIENT_METRICS):
+        return _alter_resource(ctx, resource, result, validate_only, incremental=incremental)
+    return {**result, "error_code": ErrorCode.invalid_request,
+            "error_message": f"Unknown resource type {resource.resource_type}"}
 
 
 @handles(ApiKey.ALTER_CONFIGS)
