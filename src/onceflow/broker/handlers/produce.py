@@ -61,13 +61,13 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.compression import batch_records
 from onceflow.protocol.errors import RecordError
-from onceflow.security.acl import Operation, ResourceType
 from onceflow.protocol.records import (
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_AT,
     BatchHeader,
     check_produce_records,
 )
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.layout import LogFailedError
 from onceflow.storage.producer_state import Duplicate, Rejected
 from onceflow.txn import TopicPartition
@@ -183,7 +183,7 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
         if log.config.compacts:
             check_keys(topic, data.index, batch)
-        error = refused.get(TopicPartition(topic, data.index))
+        error = refused.get(TopicPartition(topic, data.index)) if refused else None
         if error is None:
             error = _verify_transaction(ctx, partition, transactional_id, header)
         if error is not None:
