@@ -229,11 +229,11 @@ async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
     if len(logs) == 1:   # the common small request: no gather, one future less (issue 19)
         [(key, log)] = logs.items()
         try:
-            await asyncio.wrap_future(committer.request_flush(log))
+            await committer.flush_waiter(log)
         except LogFailedError as error:
             failed[key] = error
     else:
-        futures = [asyncio.wrap_future(committer.request_flush(log)) for log in logs.values()]
+        futures = [committer.flush_waiter(log) for log in logs.values()]
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = {key: result for key, result in zip(logs, results, strict=True)
                   if isinstance(result, BaseException)}
