@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -156,3 +157,37 @@ def test_fsync_failure_fails_the_log(open_log, monkeypatch):
         log.append([make_batch(1)], NOW_MS)
     with pytest.raises(LogFailedError):
         log.flush()
+
+
+def test_loop_waiters_are_resolved_together_and_hear_of_failures():
+    """flush_waiter: asyncio futures of the caller's loop, resolved after the flush that
+    follows the request, failures raised into them, a cancelled waiter left alone."""
+    committer = GroupCommitter(fsync_enabled=True)
+    good, bad = SlowLog(delay_s=0.02), SlowLog(error=OSError(28, "No space left on device"))
+
+    async def main():
+        waiters = [committer.flush_waiter(good) for _ in range(50)]
+        cancelled = committer.flush_waiter(good)
+        cancelled.cancel()
+        failing = committer.flush_waiter(bad)
+        await asyncio.wait_for(asyncio.gather(*waiters), timeout=10)
+        with pytest.raises(OSError):
+            await asyncio.wait_for(failing, timeout=10)
+        assert cancelled.cancelled()
+        assert all(w.result() is None for w in waiters)
+
+    try:
+        asyncio.run(main())
+        assert 1 <= good.flushes <= 2   # 51 requests, one or two rounds
+    finally:
+        committer.close()
+
+
+def test_loop_waiters_resolve_at_once_without_fsync():
+    committer = GroupCommitter(fsync_enabled=False)
+
+    async def main():
+        waiter = committer.flush_waiter(SlowLog())
+        assert waiter.done() and waiter.result() is None
+
+    asyncio.run(main())

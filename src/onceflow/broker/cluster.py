@@ -128,6 +128,8 @@ class Cluster:
 
     def leader(self, topic: str, partition: int, replication_factor: int) -> int:
         """The first live replica; if every replica is down, the first live node."""
+        if len(self.nodes) == 1:   # the one node is always up (live_nodes); every request asks
+            return self.nodes[0].node_id
         for node_id in self.replicas(topic, partition, replication_factor):
             if self.nodes[node_id].up:
                 return node_id

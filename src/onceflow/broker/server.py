@@ -27,6 +27,7 @@ import inspect
 import logging
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 from onceflow.broker.access import Access
 from onceflow.broker.admin import (
@@ -225,7 +226,29 @@ def tls_context(config: BrokerConfig) -> ssl.SSLContext:
         context.load_verify_locations(cafile=config.ssl_cafile)
     context.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL,
                            "required": ssl.CERT_REQUIRED}[config.ssl_client_auth]
+    context.sslobject_class = DirectSSLObject
     return context
+
+
+class DirectSSLObject(ssl.SSLObject):
+    """An `ssl.SSLObject` whose read, write and pending are the C methods they wrap.
+
+    uvloop's TLS transport calls read and pending once per TLS record it decrypts, and
+    the stdlib's methods are Python functions that only pass their arguments on. librdkafka
+    sends produce requests in TLS records of 1-2 KiB on average (measured: 46,000 reads
+    for 100 MB), so those calls cost the broker about 0.5 us per record (issue 13,
+    docs/benchmarks.md). Same arguments, same results, same exceptions: only the Python
+    frame between is gone. Falls back to the stdlib's methods if a Python version lays
+    SSLObject out differently.
+    """
+
+    @classmethod
+    def _create(cls, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        obj = super()._create(*args, **kwargs)  # type: ignore[misc]
+        inner = getattr(obj, "_sslobj", None)
+        if inner is not None and all(hasattr(inner, name) for name in ("read", "write", "pending")):
+            obj.read, obj.write, obj.pending = inner.read, inner.write, inner.pending
+        return obj
 
 
 def _node_zero(state: BrokerState) -> Callable[[str], str | None]:

@@ -213,21 +213,28 @@ def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[BatchHea
     end = len(view)
     pos = 0
     while pos < end:
-        if end - pos <= MAGIC_AT:
-            raise CorruptRecord(f"{end - pos} trailing bytes are no batch", position=pos)
-        magic = view[MAGIC_AT + pos]
-        if magic != MAGIC_V2:
-            raise UnsupportedMagic(f"record batch magic {magic} is not 2", position=pos)
-        if end - pos < BATCH_HEADER_BYTES:
-            raise CorruptRecord("truncated batch header", position=pos)
-        header = BatchHeader._make(BATCH_HEADER.unpack_from(view, pos))
-        if header.batch_length < BATCH_LENGTH_MIN:
-            raise CorruptRecord(f"batch length {header.batch_length} too small", position=pos)
-        batch_end = pos + LOG_OVERHEAD_BYTES + header.batch_length
-        if batch_end > end:
-            raise CorruptRecord(f"batch runs {batch_end - end} bytes past the end", position=pos)
+        header, batch_end = _batch_at(view, pos, end)
         yield header, view[pos:batch_end]
         pos = batch_end
+
+
+def _batch_at(view: memoryview, pos: int, end: int) -> tuple[BatchHeader, int]:
+    """The header of the batch at `pos` and where the batch ends, checked as
+    iter_batches documents."""
+    if end - pos <= MAGIC_AT:
+        raise CorruptRecord(f"{end - pos} trailing bytes are no batch", position=pos)
+    magic = view[MAGIC_AT + pos]
+    if magic != MAGIC_V2:
+        raise UnsupportedMagic(f"record batch magic {magic} is not 2", position=pos)
+    if end - pos < BATCH_HEADER_BYTES:
+        raise CorruptRecord("truncated batch header", position=pos)
+    header = BatchHeader._make(BATCH_HEADER.unpack_from(view, pos))
+    if header.batch_length < BATCH_LENGTH_MIN:
+        raise CorruptRecord(f"batch length {header.batch_length} too small", position=pos)
+    batch_end = pos + LOG_OVERHEAD_BYTES + header.batch_length
+    if batch_end > end:
+        raise CorruptRecord(f"batch runs {batch_end - end} bytes past the end", position=pos)
+    return header, batch_end
 
 
 def crc_ok(batch: bytes | memoryview) -> bool:
@@ -248,10 +255,13 @@ def check_produce_records(
     """
     if not records:
         raise InvalidRecord("produce requests must carry one record batch per partition")
-    batches = iter_batches(records)
-    header, batch = next(batches)
-    if next(batches, None) is not None:
+    view = memoryview(records).cast("B")
+    end = len(view)
+    header, batch_end = _batch_at(view, 0, end)   # not iter_batches: one request, one call
+    if batch_end < end:
+        _batch_at(view, batch_end, end)   # what follows is refused as iter_batches refuses it
         raise InvalidRecord("produce requests carry exactly one record batch per partition")
+    batch = view[:batch_end]
     if header.compression > Compression.ZSTD:
         raise UnsupportedCompression(f"unknown compression codec {header.compression}")
     if header.compression == Compression.ZSTD and api_version < _ZSTD_PRODUCE_VERSION_MIN:

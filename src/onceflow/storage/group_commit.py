@@ -19,6 +19,11 @@ benchmark in fsyncs of 8 partitions one after the other, and the answers waited 
 A request made after an append is always served by a flush that starts after the request was
 queued, hence after the append: the future never resolves early.
 
+A caller on an event loop asks `flush_waiter(log)` instead: an asyncio future of its loop.
+The thread resolves every such future of a round with one `call_soon_threadsafe` per loop,
+not one per request as `asyncio.wrap_future` over `request_flush` would (each is a wake-up
+of the loop and a turn of the interpreter lock between the two threads: issue 19).
+
 A failing flush is loud: it is logged at CRITICAL, the log marks itself failed (appends raise
 from then on), and every future of that log in the round gets the exception. Futures are
 marked running at creation, so cancelling the awaiting side cannot make them unresolvable.
@@ -27,6 +32,7 @@ With fsync disabled, futures are returned already resolved.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,7 +66,7 @@ class GroupCommitter:
     def __init__(self, fsync_enabled: bool, *, name: str = "onceflow-group-commit") -> None:
         self.fsync_enabled = fsync_enabled
         self._cond = threading.Condition(threading.Lock())
-        self._pending: dict[int, tuple[Flushable, list[Future]]] = {}
+        self._pending: dict[int, tuple[Flushable, list[Future | asyncio.Future[None]]]] = {}
         self._closing = False
         self._rounds = self._flushes = self._requests = self._failures = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -76,6 +82,20 @@ class GroupCommitter:
         if not self.fsync_enabled:
             future.set_result(None)
             return future
+        self._queue(log, future)
+        return future
+
+    def flush_waiter(self, log: Flushable) -> asyncio.Future[None]:
+        """The same as `request_flush`, as a future of the running event loop (see the
+        module docstring); cancelling it only stops the waiting."""
+        waiter = asyncio.get_running_loop().create_future()
+        if not self.fsync_enabled:
+            waiter.set_result(None)
+            return waiter
+        self._queue(log, waiter)
+        return waiter
+
+    def _queue(self, log: Flushable, future: Future | asyncio.Future[None]) -> None:
         with self._cond:
             if self._closing:
                 raise RuntimeError("GroupCommitter is closed")
@@ -85,7 +105,6 @@ class GroupCommitter:
             else:
                 entry[1].append(future)
             self._cond.notify()
-        return future
 
     def statistics(self) -> GroupCommitStats:
         with self._cond:
@@ -104,7 +123,7 @@ class GroupCommitter:
         if self._flushers is not None:
             self._flushers.shutdown()
 
-    def _next_round(self) -> list[tuple[Flushable, list[Future]]] | None:
+    def _next_round(self) -> list[tuple[Flushable, list[Future | asyncio.Future[None]]]] | None:
         with self._cond:
             while not self._pending and not self._closing:
                 self._cond.wait()
@@ -126,15 +145,37 @@ class GroupCommitter:
                 self._failures += sum(failed)
 
     @staticmethod
-    def _flush(log: Flushable, futures: list[Future]) -> bool:
+    def _flush(log: Flushable, futures: list[Future | asyncio.Future[None]]) -> bool:
         """Flush one log and resolve its futures; True if the flush failed."""
+        error: BaseException | None = None
         try:
             log.flush()
         except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
             logger.critical("group commit: flush of %r failed: %r", log, exc)
-            for future in futures:
-                future.set_exception(exc)
-            return True
+            error = exc
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for future in futures:
-            future.set_result(None)
-        return False
+            if isinstance(future, Future):
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+            else:
+                by_loop.setdefault(future.get_loop(), []).append(future)
+        for loop, waiters in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, waiters, error)
+            except RuntimeError:   # the loop is closed: nobody waits any more
+                pass
+        return error is not None
+
+
+def _resolve(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    """On the waiters' loop: every waiter still waiting learns the flush's outcome."""
+    for waiter in waiters:
+        if waiter.done():
+            continue   # cancelled by its side
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(error)

@@ -61,13 +61,13 @@ from onceflow.broker.handlers import ApiKey, RequestContext, handles
 from onceflow.broker.state import INTERNAL_TOPICS, PartitionState
 from onceflow.protocol.compression import batch_records
 from onceflow.protocol.errors import RecordError
-from onceflow.security.acl import Operation, ResourceType
 from onceflow.protocol.records import (
     ATTR_TRANSACTIONAL,
     ATTRIBUTES_AT,
     BatchHeader,
     check_produce_records,
 )
+from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage.layout import LogFailedError
 from onceflow.storage.producer_state import Duplicate, Rejected
 from onceflow.txn import TopicPartition
@@ -183,7 +183,7 @@ def _append(ctx: RequestContext, topic: str, data, transactional_id: str | None,
         header, batch = single_batch(data.records, ctx.api_version, log.config.max_message_bytes)
         if log.config.compacts:
             check_keys(topic, data.index, batch)
-        error = refused.get(TopicPartition(topic, data.index))
+        error = refused.get(TopicPartition(topic, data.index)) if refused else None
         if error is None:
             error = _verify_transaction(ctx, partition, transactional_id, header)
         if error is not None:
@@ -229,11 +229,11 @@ async def _flush(ctx: RequestContext, outcomes: list[_Outcome]) -> None:
     if len(logs) == 1:   # the common small request: no gather, one future less (issue 19)
         [(key, log)] = logs.items()
         try:
-            await asyncio.wrap_future(committer.request_flush(log))
+            await committer.flush_waiter(log)
         except LogFailedError as error:
             failed[key] = error
     else:
-        futures = [asyncio.wrap_future(committer.request_flush(log)) for log in logs.values()]
+        futures = [committer.flush_waiter(log) for log in logs.values()]
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = {key: result for key, result in zip(logs, results, strict=True)
                   if isinstance(result, BaseException)}
