@@ -61,6 +61,7 @@ from onceflow.protocol.apis import SUPPORTED, ApiKey, is_supported
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import FRAME_SIZE
 from onceflow.protocol.header import RequestHeader
+from onceflow.protocol.produce_request import decode_produce_request
 from onceflow.protocol.walker import (
     _NO_TAGS,
     _Edit,
@@ -151,11 +152,20 @@ def response_type(api_key: int, api_version: int) -> type:
 # ---------------------------------------------------------------- decoding
 
 
-def decode_request(frame: bytes | bytearray | memoryview) -> Request:
+# Direct decoders of hot-path request bodies (issue 19), by API key: (frame, body start,
+# api_version) -> body, the same values and refusals as the generic path (their tests
+# compare both).
+DIRECT_DECODERS: dict[int, Callable[[memoryview, int, int], Any]] = {
+    ApiKey.PRODUCE: decode_produce_request,
+}
+
+
+def decode_request(frame: bytes | bytearray | memoryview, *, direct: bool = True) -> Request:
     """Decode one request frame (without its size prefix).
 
     Raises UnsupportedVersion(header) for a key/version outside apis.SUPPORTED and
-    ProtocolError for anything malformed; nothing else.
+    ProtocolError for anything malformed; nothing else. `direct=False` decodes with the
+    generic path even where `DIRECT_DECODERS` has a decoder (tests, benchmarks).
     """
     # Read-only: kio's reader refuses writable buffers (a large frame is a pooled
     # bytearray), and records handed out as views of it must not be writable either.
@@ -167,6 +177,8 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     end = len(view)
     if codec.flexible:
         pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
+    if direct and (decode_body := DIRECT_DECODERS.get(header.api_key)) is not None:
+        return Request(header, decode_body(view, pos, header.api_version))
     edits: list[_Edit] = []
     cuts: list[memoryview | None] | None = [] if codec.has_records else None
     # Bytes after the body are ignored, as Kafka's generated readers do:
