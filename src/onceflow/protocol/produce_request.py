@@ -179,8 +179,7 @@ def _decode_classic(buf: memoryview, pos: int, end: int) -> ProduceRequest:
                 pos += length
             partitions.append(PartitionProduceData(index, records))
         topics.append(TopicProduceData(name, tuple(partitions)))
-    return ProduceRequest(transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms),
-                          tuple(topics))
+    return ProduceRequest(transactional_id, acks, _timedelta(timeout_ms), tuple(topics))
 
 
 # ---------------------------------------------------------------- v9-v13
@@ -232,11 +231,16 @@ def _decode_flexible(buf: memoryview, pos: int, end: int, by_id: bool) -> Produc
         topics.append(TopicProduceDataById(topic_id, tuple(partitions)) if by_id
                       else TopicProduceData(name, tuple(partitions)))
     _skip_tagged_fields(buf, pos, end)
-    return ProduceRequest(transactional_id, acks, datetime.timedelta(milliseconds=timeout_ms),
-                          tuple(topics))
+    return ProduceRequest(transactional_id, acks, _timedelta(timeout_ms), tuple(topics))
 
 
 # ---------------------------------------------------------------- primitives
+
+
+def _timedelta(ms: int) -> datetime.timedelta:
+    """timedelta(milliseconds=ms), in a fifth of the time (no keyword or float path)."""
+    seconds, ms = divmod(ms, 1000)
+    return datetime.timedelta(0, seconds, ms * 1000)
 
 
 def _truncated(pos: int) -> ProtocolError:
