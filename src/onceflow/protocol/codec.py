@@ -18,6 +18,11 @@ of one (api_key, api_version). `decode_request`:
 5. hands the body to kio's native reader, requiring that it consume exactly the
    rest of the frame.
 
+Steps 4-5 are the generic path. An API in `DIRECT_DECODERS` (Produce:
+produce_request.py) skips them: its body is read in one pass straight from the
+frame into light classes with kio's field names, the same values and refusals
+(its tests compare both paths; `direct=False` takes the generic one).
+
 Any failure in steps 1-5 is a `ProtocolError`; nothing else escapes for any
 input (tests/protocol fuzz this).
 
