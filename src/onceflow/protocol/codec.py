@@ -181,7 +181,10 @@ def decode_request(frame: bytes | bytearray | memoryview, *, direct: bool = True
     codec = _api_codec(header.api_key, header.api_version)
     end = len(view)
     if codec.flexible:
-        pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
+        if pos < end and view[pos] == 0:  # no tagged fields: the usual case
+            pos += 1
+        else:
+            pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
     if direct and (decode_body := DIRECT_DECODERS.get(header.api_key)) is not None:
         return Request(header, decode_body(view, pos, header.api_version))
     edits: list[_Edit] = []

@@ -54,6 +54,10 @@ _UUID_BYTES = 16
 _NULL_UUID = bytes(_UUID_BYTES)
 # Kafka encodes unsigned varints of int32 values in at most 5 bytes (as walker.py).
 _UVARINT_BYTES_MAX = 5
+# Timeouts remembered as timedelta values (immutable): peers choose them, so the cache is
+# bounded; clients use one or a few (librdkafka's request.timeout.ms, 30 s by default).
+_TIMEOUTS: dict[int, datetime.timedelta] = {}
+_TIMEOUTS_MAX = 64
 
 
 class _Entity:
@@ -238,9 +242,15 @@ def _decode_flexible(buf: memoryview, pos: int, end: int, by_id: bool) -> Produc
 
 
 def _timedelta(ms: int) -> datetime.timedelta:
-    """timedelta(milliseconds=ms), in a fifth of the time (no keyword or float path)."""
-    seconds, ms = divmod(ms, 1000)
-    return datetime.timedelta(0, seconds, ms * 1000)
+    """timedelta(milliseconds=ms): built without the keyword and float path (a fifth of
+    the time), and remembered, since a client sends the same timeout every time."""
+    value = _TIMEOUTS.get(ms)
+    if value is None:
+        seconds, rest_ms = divmod(ms, 1000)
+        value = datetime.timedelta(0, seconds, rest_ms * 1000)
+        if len(_TIMEOUTS) < _TIMEOUTS_MAX:
+            _TIMEOUTS[ms] = value
+    return value
 
 
 def _truncated(pos: int) -> ProtocolError:
