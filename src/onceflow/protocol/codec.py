@@ -108,7 +108,8 @@ _NO_TAGGED_FIELDS = b"\x00"
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
     header: RequestHeader
-    body: Any  # the kio request dataclass for (api_key, api_version)
+    body: Any  # the kio request dataclass for (api_key, api_version), or a direct
+    # decoder's equivalent with the same field names (Produce: produce_request.py)
 
 
 # ---------------------------------------------------------------- per-API codecs
