@@ -28,6 +28,7 @@ from onceflow.protocol.codec import RequestHeader, decode_request, encode_reques
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.produce_request import ProduceRequest
 from onceflow.protocol.records import SimpleRecord, build_batch
+from tests.protocol.golden import GOLDEN_FRAMES
 
 VERSIONS = range(SUPPORTED[ApiKey.PRODUCE][0], SUPPORTED[ApiKey.PRODUCE][1] + 1)
 FLEXIBLE_FROM, TOPIC_ID_FROM = 9, 13
@@ -35,6 +36,8 @@ NO_TAGS = b"\x00"
 # Two unknown tags (Produce defines none): the decoders must skip both.
 UNKNOWN_TAGS = b"\x02" + b"\x07\x03abc" + b"\x81\x01\x00"
 CLIENT_ID = "client-é"
+# Byte values that corrupt a count, a length or a varint in the interesting ways.
+CORRUPTIONS = (0x00, 0x01, 0x7F, 0x80, 0xFF)
 
 
 def uvarint(value: int) -> bytes:
@@ -224,6 +227,24 @@ def test_same_values_as_the_generic_path(name: str, version: int, frame: bytes) 
                 assert partition.records.obj is buffer and partition.records.readonly
 
 
+GOLDEN_PRODUCE = {name: frame for name, frame in GOLDEN_FRAMES.items() if "produce" in name}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_PRODUCE))
+def test_frames_of_real_clients(name: str) -> None:
+    """librdkafka, kafka-python and aiokafka bytes: same values; every truncation and
+    corrupted byte gives the same outcome both ways."""
+    frame = GOLDEN_PRODUCE[name]
+    body = decode_request(frame).body
+    assert isinstance(body, ProduceRequest)
+    assert plain(body) == plain(decode_request(frame, direct=False).body)
+    for cut in range(len(frame)):
+        assert_same_outcome(frame[:cut])
+    for position in range(len(frame)):
+        for value in CORRUPTIONS:
+            assert_same_outcome(frame[:position] + bytes([value]) + frame[position + 1:])
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_bytes_after_the_body_are_ignored(version: int) -> None:
     frame = kio_frame(version, kio_body(version, "t", [("t", [(0, batch(b"v"))])]),
@@ -269,8 +290,6 @@ def test_every_truncation_is_refused_by_both(name: str, version: int, frame: byt
             "ProtocolError", None), cut
 
 
-# Byte values that corrupt a count, a length or a varint in the interesting ways.
-CORRUPTIONS = (0x00, 0x01, 0x7F, 0x80, 0xFF)
 CORRUPTED_FRAMES = [case for case in SMALL_FRAMES
                     if "several" in case[0] or "one record" in case[0]]
 
