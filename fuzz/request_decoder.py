@@ -18,7 +18,10 @@ Protocol errors (the broker closes the connection, or answers the ApiVersions fa
   splitter over the same bytes, and it raises ProtocolError only where the reference finds a
   bad size (after handing out every complete frame before it);
 - a decoded request re-encodes (`encode_request`) and decodes again to an equal request:
-  the walker and kio agree on every accepted byte.
+  the walker and kio agree on every accepted byte;
+- a request of an API with a direct decoder (`codec.DIRECT_DECODERS`: Produce) that the
+  direct decoder accepts, the generic path accepts too, with an equal body; the generic
+  body is the one re-encoded (encode_request takes kio's classes only).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Iterator
 from onceflow.broker.pipeline import decode
 from onceflow.protocol.apis import SUPPORTED, ApiKey
 from onceflow.protocol.codec import (
+    DIRECT_DECODERS,
     Request,
     RequestHeader,
     build_entity,
@@ -75,6 +79,10 @@ def _decode(frame: bytes | memoryview) -> None:
     except PROTOCOL_ERRORS:
         return
     if isinstance(request, Request):
+        if request.header.api_key in DIRECT_DECODERS:
+            generic = decode_request(frame, direct=False)
+            assert generic.body == request.body, f"direct and generic differ: {request.header}"
+            request = generic
         _check_round_trip(request)
     else:
         assert isinstance(request, bytes) and request, "the ApiVersions fallback is a frame"
@@ -84,7 +92,7 @@ def _check_round_trip(request: Request) -> None:
     encoded = encode_request(request.header, request.body)
     (size,) = _SIZE.unpack_from(encoded)
     assert size == len(encoded) - _SIZE.size, "encode_request framed a wrong size"
-    again = decode_request(encoded[_SIZE.size:])
+    again = decode_request(encoded[_SIZE.size:], direct=False)
     assert again.body == request.body, f"re-decoded body differs: {request.header}"
     assert again.header == request.header, f"re-decoded header differs: {request.header}"
 

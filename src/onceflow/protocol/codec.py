@@ -18,6 +18,11 @@ of one (api_key, api_version). `decode_request`:
 5. hands the body to kio's native reader, requiring that it consume exactly the
    rest of the frame.
 
+Steps 4-5 are the generic path. An API in `DIRECT_DECODERS` (Produce:
+produce_request.py) skips them: its body is read in one pass straight from the
+frame into light classes with kio's field names, the same values and refusals
+(its tests compare both paths; `direct=False` takes the generic one).
+
 Any failure in steps 1-5 is a `ProtocolError`; nothing else escapes for any
 input (tests/protocol fuzz this).
 
@@ -61,6 +66,7 @@ from onceflow.protocol.apis import SUPPORTED, ApiKey, is_supported
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.framing import FRAME_SIZE
 from onceflow.protocol.header import RequestHeader
+from onceflow.protocol.produce_request import decode_produce_request
 from onceflow.protocol.walker import (
     _NO_TAGS,
     _Edit,
@@ -102,7 +108,8 @@ _NO_TAGGED_FIELDS = b"\x00"
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
     header: RequestHeader
-    body: Any  # the kio request dataclass for (api_key, api_version)
+    body: Any  # the kio request dataclass for (api_key, api_version), or a direct
+    # decoder's equivalent with the same field names (Produce: produce_request.py)
 
 
 # ---------------------------------------------------------------- per-API codecs
@@ -151,11 +158,20 @@ def response_type(api_key: int, api_version: int) -> type:
 # ---------------------------------------------------------------- decoding
 
 
-def decode_request(frame: bytes | bytearray | memoryview) -> Request:
+# Direct decoders of hot-path request bodies (issue 19), by API key: (frame, body start,
+# api_version) -> body, the same values and refusals as the generic path (their tests
+# compare both).
+DIRECT_DECODERS: dict[int, Callable[[memoryview, int, int], Any]] = {
+    ApiKey.PRODUCE: decode_produce_request,
+}
+
+
+def decode_request(frame: bytes | bytearray | memoryview, *, direct: bool = True) -> Request:
     """Decode one request frame (without its size prefix).
 
     Raises UnsupportedVersion(header) for a key/version outside apis.SUPPORTED and
-    ProtocolError for anything malformed; nothing else.
+    ProtocolError for anything malformed; nothing else. `direct=False` decodes with the
+    generic path even where `DIRECT_DECODERS` has a decoder (tests, benchmarks).
     """
     # Read-only: kio's reader refuses writable buffers (a large frame is a pooled
     # bytearray), and records handed out as views of it must not be writable either.
@@ -166,7 +182,12 @@ def decode_request(frame: bytes | bytearray | memoryview) -> Request:
     codec = _api_codec(header.api_key, header.api_version)
     end = len(view)
     if codec.flexible:
-        pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
+        if pos < end and view[pos] == 0:  # no tagged fields: the usual case
+            pos += 1
+        else:
+            pos = _walk_tagged_fields(_NO_TAGS, view, pos, end, [])
+    if direct and (decode_body := DIRECT_DECODERS.get(header.api_key)) is not None:
+        return Request(header, decode_body(view, pos, header.api_version))
     edits: list[_Edit] = []
     cuts: list[memoryview | None] | None = [] if codec.has_records else None
     # Bytes after the body are ignored, as Kafka's generated readers do:

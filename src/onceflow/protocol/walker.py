@@ -1,6 +1,7 @@
 """kio schemas compiled into bounds-checking walks over request bytes, sans I/O.
 
-Used by codec.py before it hands a request body to kio's native reader.
+Used by codec.py before it hands a request body to kio's native reader (the generic
+path; Produce bodies are read by produce_request.py instead, see codec.py).
 
 Why a walker before kio. kio 0.6.5's native reader trusts compact array lengths:
 it reserves memory for the announced count before reading elements, so a
