@@ -200,7 +200,8 @@ def _produce_error(body: Any, code: int) -> dict | None:
     if body.acks == 0:
         return None  # Kafka never answers acks=0
     return {"throttle_time": 0, "responses": [
-        {"name": t.name, "partition_responses": [
+        {"name": getattr(t, "name", None), "topic_id": getattr(t, "topic_id", None),
+         "partition_responses": [
             {"index": p.index, "error_code": code, "base_offset": -1, "log_append_time": -1,
              "log_start_offset": -1, "record_errors": [], "error_message": INJECTED_MESSAGE}
             for p in t.partition_data]}
