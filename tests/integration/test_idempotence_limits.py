@@ -28,7 +28,7 @@ FETCH, FETCH_VERSION = 1, 12
 FETCH_BYTES_MAX = 16 * 1024 * 1024
 # The first instance must give up quickly on the answers that never come.
 SOCKET_TIMEOUT_MS = 1_000
-DELIVERY_TIMEOUT_MS = 3_000
+DELIVERY_TIMEOUT_MS = 6_000  # room for retries (and duplicates) on a loaded machine
 FLUSH_TIMEOUT_S = 30
 
 
