@@ -553,7 +553,12 @@ async def _resume(work: Coroutine[Any, Any, Answer | bytes], waited_on: Any) -> 
                 await asyncio.sleep(0)
             elif asyncio.isfuture(waited_on):
                 waited_on._asyncio_future_blocking = False   # as Task.__step takes it
-                await _settled(waited_on)
+                try:
+                    # Awaited directly (no go-between future: one loop turn less per
+                    # long-poll wake, issue 19); its outcome is the work's to read below.
+                    await waited_on
+                except Exception:   # noqa: BLE001, S110 - raised in the work by its step
+                    pass
             else:
                 step, value = work.throw, RuntimeError(f"yield of a non-future {waited_on!r}")
         except asyncio.CancelledError as exc:

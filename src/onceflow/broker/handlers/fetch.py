@@ -213,18 +213,27 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
 
 
 async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
+    """Until an append to one of the partitions or `timeout_s`, whichever comes first.
+    One future, woken by the append (PartitionState.notify) or by a timer: a fetch is
+    woken per record when a consumer reads along, and asyncio.wait_for would add a
+    second future and two callbacks to each wake (issue 19)."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
     partitions = [w.partition for w in wanted if w.partition is not None]
     for partition in partitions:
         partition.waiters.add(waiter)
+    timer = loop.call_later(timeout_s, _wake, waiter)
     try:
-        await asyncio.wait_for(waiter, timeout_s)
-    except TimeoutError:
-        pass
+        await waiter
     finally:
+        timer.cancel()
         for partition in partitions:
             partition.waiters.discard(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
@@ -361,4 +370,6 @@ def _leader_endpoints(ctx: RequestContext, wanted: list[_Wanted]) -> list[dict]:
     """v16+: the addresses of the leaders named in NOT_LEADER_OR_FOLLOWER answers (KIP-951),
     on the listener the request came in on."""
     leaders = {item.leader for item in wanted if item.leader >= 0}
+    if not leaders:   # the usual answer: no node list to build
+        return []
     return [b for b in brokers(ctx.broker, ctx.listener) if b["node_id"] in leaders]
