@@ -16,17 +16,23 @@ one (broker/embedded.py), and only its event-loop thread's CPU time is counted (
 requests alone alternate with these (four of each, the best of each kept: on a shared
 machine noise only adds); the difference per round is the cost of one Fetch that waits,
 is woken and answers one record: decode, handler, wait and wake, encode, the socket calls.
+With `--count-calls` the loop thread's Python function calls are counted instead (cProfile,
+enabled on that thread only): no C work, but a figure that a loaded machine does not move.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from onceflow import Broker
@@ -113,6 +119,9 @@ def rounds(producer: RawConnection, consumer: RawConnection | None, offset: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=1000, help="rounds per phase")
+    parser.add_argument("--count-calls", action="store_true",
+                        help="count the loop thread's Python function calls (cProfile) instead "
+                             "of its CPU time: slower, but the same on a loaded machine")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-fetch-cpu-") as tmp:
         # fsync off: the flushes of the produce path would only add noise to the difference.
@@ -126,19 +135,41 @@ def main() -> int:
             offset = 200
             results = {}
             for phase, reader in (("produce alone", None), ("produce + fetch", consumer)) * 4:
+                if args.count_calls:
+                    profile = cProfile.Profile()
+                    in_loop(broker, profile.enable)
                 before = thread_cpu_s(loop_thread)
                 rounds(producer, reader, offset, args.rounds)
                 offset += args.rounds
-                results.setdefault(phase, []).append(
-                    (thread_cpu_s(loop_thread) - before) / args.rounds * 1e6)
+                if args.count_calls:
+                    in_loop(broker, profile.create_stats)
+                    cost = pstats.Stats(profile).total_calls / args.rounds
+                else:
+                    cost = (thread_cpu_s(loop_thread) - before) / args.rounds * 1e6
+                results.setdefault(phase, []).append(cost)
             producer.close()
             consumer.close()
         finally:
             broker.stop()
     alone, both = min(results["produce alone"]), min(results["produce + fetch"])
-    print(f"broker loop CPU per round, best of four: produce alone {alone:.0f} us, produce + "
-          f"waiting fetch {both:.0f} us, so {both - alone:.0f} us per fetch")
+    unit = "Python calls" if args.count_calls else "us"
+    what = "Python function calls" if args.count_calls else "CPU"
+    print(f"broker loop {what} per round, best of four: produce alone {alone:.0f} {unit}, "
+          f"produce + waiting fetch {both:.0f} {unit}, so {both - alone:.0f} {unit} per fetch")
     return 0
+
+
+def in_loop(broker: Broker, function: Callable[[], object]) -> None:
+    """Run `function` on the broker's event-loop thread (cProfile profiles its caller's)."""
+    done = threading.Event()
+
+    def run() -> None:
+        function()
+        done.set()
+
+    broker._loop.call_soon_threadsafe(run)
+    if not done.wait(30):
+        raise TimeoutError("the broker's loop did not run the call")
 
 
 if __name__ == "__main__":
