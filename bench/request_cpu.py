@@ -12,12 +12,15 @@ confluent-kafka producer sends `--rate` records a second, one record per Produce
 measured (for A/B runs of two commits, `git archive` each into a directory). With
 `--consumer`, one consumer reads along (its Fetch requests count in the broker's CPU, not
 in the divisor). Printed: broker CPU as a share of one core and microseconds per produce
-request. Repeat and interleave the variants: on a shared machine one run's spread is large.
+request; with `--consumer` also the consumer's Fetch requests in the measured window (from
+librdkafka's statistics, every 100 ms) and microseconds per request, produce and fetch
+alike (a loaded broker answers fewer, larger fetches: per produce request alone hides that). Repeat and interleave the variants: on a shared machine one run's spread is large.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -51,12 +54,14 @@ def main() -> int:
             producer.produce(TOPIC, b"warm-up", partition=0)
             producer.flush(30)
             stop = threading.Event()
-            reader = threading.Thread(target=read_along, args=(bootstrap, stop))
+            fetches = FetchCount()
+            reader = threading.Thread(target=read_along, args=(bootstrap, stop, fetches))
             if args.consumer:
                 reader.start()
                 time.sleep(1)
             requests = int(args.rate * args.seconds)
             cpu_before, start = process_cpu_s(cpu.broker_pid), time.perf_counter()
+            fetches_before = fetches.value
             for i in range(requests):
                 due = start + i / args.rate
                 while (now := time.perf_counter()) < due:
@@ -65,6 +70,8 @@ def main() -> int:
                 producer.poll(0)
             producer.flush(60)
             cpu_after, seconds = process_cpu_s(cpu.broker_pid), time.perf_counter() - start
+            time.sleep(2 * STATISTICS_INTERVAL_MS / 1000)   # the last fetches' statistics
+            fetched = fetches.value - fetches_before
             stop.set()
             if args.consumer:
                 reader.join()
@@ -75,12 +82,31 @@ def main() -> int:
     print(f"acks={args.acks} {args.rate:,} requests/s for {args.seconds:.0f} s"
           f"{' with a consumer' if args.consumer else ''}: broker {used / seconds * 100:.0f} % "
           f"of a core, {used / requests * 1e6:.0f} us per produce request")
+    if args.consumer:
+        print(f"{fetched:,} Fetch requests: {used / (requests + fetched) * 1e6:.0f} us per "
+              f"request (produce and fetch)")
     return 0
 
 
-def read_along(bootstrap: str, stop: threading.Event) -> None:
+STATISTICS_INTERVAL_MS = 100
+
+
+class FetchCount:
+    """The consumer's Fetch requests so far, from librdkafka's statistics."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def statistics(self, stats_json: str) -> None:
+        brokers = json.loads(stats_json).get("brokers", {}).values()
+        self.value = sum(broker.get("req", {}).get("Fetch", 0) for broker in brokers)
+
+
+def read_along(bootstrap: str, stop: threading.Event, fetches: FetchCount) -> None:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "request-cpu",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False,
+                         "statistics.interval.ms": STATISTICS_INTERVAL_MS,
+                         "stats_cb": fetches.statistics})
     consumer.assign([TopicPartition(TOPIC, 0, 1)])
     while not stop.is_set():
         consumer.consume(1000, 0.1)

@@ -330,9 +330,35 @@ class Connection(asyncio.BufferedProtocol):
                 self._answer_head(out)
                 self._flush_answers(out)
                 return
-            self._writer = asyncio.ensure_future(self._write_responses())
-            self._shared.writers.add(self._writer)
-            self._writer.add_done_callback(self._shared.writers.discard)
+            if len(self._pending) == 1:
+                # The only request, still working (a long poll, a flush): its answer is
+                # written from its done callback, without a writer task (issue 19).
+                future.add_done_callback(self._write_when_answered)
+                return
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._writer = asyncio.ensure_future(self._write_responses())
+        self._shared.writers.add(self._writer)
+        self._writer.add_done_callback(self._shared.writers.discard)
+
+    def _write_when_answered(self, future: asyncio.Future[Answer | bytes]) -> None:
+        """The lone pending request is answered: write what is ready, as the writer would,
+        unless a writer took over meanwhile (more requests came) or the connection closed."""
+        if self._closed or (self._writer is not None and not self._writer.done()):
+            return
+        if not self._pending or self._pending[0][0] is not future:
+            return
+        if self._can_write is not None and not self._can_write.is_set():
+            self._start_writer()   # it waits for the transport
+            return
+        out: list[bytes | memoryview] = []
+        while self._pending and self._pending[0][0].done():
+            if not self._answer_head(out):
+                return
+        self._flush_answers(out)
+        if self._pending and not self._closed:
+            self._start_writer()
 
     async def _write_responses(self) -> None:
         out: list[bytes | memoryview] = []   # answers ready, written in one syscall
@@ -553,7 +579,12 @@ async def _resume(work: Coroutine[Any, Any, Answer | bytes], waited_on: Any) -> 
                 await asyncio.sleep(0)
             elif asyncio.isfuture(waited_on):
                 waited_on._asyncio_future_blocking = False   # as Task.__step takes it
-                await _settled(waited_on)
+                try:
+                    # Awaited directly (no go-between future: one loop turn less per
+                    # long-poll wake, issue 19); its outcome is the work's to read below.
+                    await waited_on
+                except Exception:   # noqa: BLE001, S110 - raised in the work by its step
+                    pass
             else:
                 step, value = work.throw, RuntimeError(f"yield of a non-future {waited_on!r}")
         except asyncio.CancelledError as exc:

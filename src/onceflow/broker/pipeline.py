@@ -69,6 +69,7 @@ from onceflow.protocol.codec import (
     encode_response_chunks,
 )
 from onceflow.protocol.errors import UnsupportedVersion
+from onceflow.protocol.fetch_response import encode_fetch_response
 from onceflow.protocol.produce_response import encode_produce_response
 
 # An encoded answer: buffers for `writelines`, or None when nothing is sent.
@@ -122,6 +123,10 @@ def encode(header: RequestHeader, body: dict | None) -> Answer:
         return None
     if header.api_key == ApiKey.PRODUCE:   # the hot path of small requests (issue 19)
         answer = encode_produce_response(header.correlation_id, header.api_version, body)
+        if answer is not None:
+            return answer
+    elif header.api_key == ApiKey.FETCH:   # a consumer reading along fetches per record
+        answer = encode_fetch_response(header.correlation_id, header.api_version, body)
         if answer is not None:
             return answer
     return encode_response_chunks(header, build_response(header, **body))

@@ -16,7 +16,9 @@ read_committed costs no more than read_uncommitted without aborts.
 
 Long poll: when fewer than `min_bytes` are available and the client allows a
 wait, the handler registers a waiter on each requested partition and sleeps until
-an append wakes it or `max_wait_ms` passes, then reads again.
+an append wakes it or `max_wait_ms` passes, then reads again. A fetch whose every
+partition is asked from its upper bound (a consumer reading along) waits without reading
+first: that read could only find nothing.
 
 Topics are named by id from v13 on: an id the broker does not know (zero included)
 answers UNKNOWN_TOPIC_ID. A topic deleted while a fetch waits on it (or deleted and
@@ -212,19 +214,43 @@ def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[li
     return responses, total, errors
 
 
+def _caught_up(wanted: list[_Wanted], isolation: int) -> bool:
+    """Every partition is readable and asked from its upper bound (high watermark or LSO):
+    a read would return no records and no error. The usual state of a consumer reading
+    along, whose Fetch then waits without a read first (issue 19)."""
+    for item in wanted:
+        partition = item.partition
+        if partition is None:
+            return False
+        upper = (last_stable_offset(partition) if isolation == READ_COMMITTED
+                 else partition.high_watermark)
+        if item.fetch_offset != upper:
+            return False
+    return bool(wanted)
+
+
 async def _wait_for_data(wanted: list[_Wanted], timeout_s: float) -> None:
+    """Until an append to one of the partitions or `timeout_s`, whichever comes first.
+    One future, woken by the append (PartitionState.notify) or by a timer: a fetch is
+    woken per record when a consumer reads along, and asyncio.wait_for would add a
+    second future and two callbacks to each wake (issue 19)."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
     partitions = [w.partition for w in wanted if w.partition is not None]
     for partition in partitions:
         partition.waiters.add(waiter)
+    timer = loop.call_later(timeout_s, _wake, waiter)
     try:
-        await asyncio.wait_for(waiter, timeout_s)
-    except TimeoutError:
-        pass
+        await waiter
     finally:
+        timer.cancel()
         for partition in partitions:
             partition.waiters.discard(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
@@ -294,6 +320,12 @@ async def fetch(ctx: RequestContext, body) -> dict:
     deadline = time.monotonic() + wait_ms / 1000
     wanted = _resolve(ctx, requested, by_id, session)
     while True:
+        if min_bytes > 0 and _caught_up(wanted, isolation):
+            remaining_s = deadline - time.monotonic()
+            if remaining_s > 0:   # nothing to read anywhere: wait before building an answer
+                await _wait_for_data(wanted, remaining_s)
+                _drop_gone(ctx, wanted)
+                continue
         responses, total, errors = _read_all(wanted, isolation, max_bytes)
         remaining_s = deadline - time.monotonic()
         if total >= min_bytes or errors or remaining_s <= 0 or not wanted:
@@ -361,4 +393,6 @@ def _leader_endpoints(ctx: RequestContext, wanted: list[_Wanted]) -> list[dict]:
     """v16+: the addresses of the leaders named in NOT_LEADER_OR_FOLLOWER answers (KIP-951),
     on the listener the request came in on."""
     leaders = {item.leader for item in wanted if item.leader >= 0}
+    if not leaders:   # the usual answer: no node list to build
+        return []
     return [b for b in brokers(ctx.broker, ctx.listener) if b["node_id"] in leaders]
