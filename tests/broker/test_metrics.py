@@ -53,3 +53,44 @@ def test_error_codes_are_found_at_any_depth_up_to_the_limit():
     for _ in range(ERROR_WALK_DEPTH_MAX + 2):
         deep = {"nested": [deep]}
     assert error_codes(deep) == []
+
+
+def test_the_direct_reads_of_produce_and_fetch_error_codes_agree_with_the_walk():
+    """The answers as the handlers and the fault injector shape them."""
+    from onceflow.broker.faults import _fetch_error, _produce_error
+    from onceflow.broker.metrics import answer_error_codes
+
+    produce = {"throttle_time": 0, "responses": [
+        {"name": "a", "topic_id": None, "partition_responses": [
+            {"index": 0, "error_code": 0, "base_offset": 5, "record_errors": [
+                {"batch_index": 0, "batch_index_error_message": "m"}], "error_message": None},
+            {"index": 1, "error_code": 87, "record_errors": []}]},
+        {"name": "b", "topic_id": None, "partition_responses": []}]}
+    fetch = {"throttle_time": 0, "error_code": 0, "session_id": 9, "responses": [
+        {"topic": "a", "partitions": [
+            {"partition_index": 0, "error_code": 0, "high_watermark": 3,
+             "aborted_transactions": [{"producer_id": 1, "first_offset": 0}],
+             "records": b"xyz", "current_leader": {"leader_id": 0, "leader_epoch": 1}},
+            {"partition_index": 1, "error_code": 1, "records": None}]}],
+        "node_endpoints": [{"node_id": 0, "host": "h", "port": 1, "rack": None}]}
+    session_error = {"throttle_time": 0, "error_code": 70, "session_id": 0, "responses": []}
+    shapes = [(ApiKey.PRODUCE, produce), (ApiKey.FETCH, fetch), (ApiKey.FETCH, session_error)]
+
+    class Partition:
+        index = partition = 0
+
+    class Topic:
+        name = topic = "t"
+        partition_data = partitions = (Partition(),)
+
+    class Body:
+        acks = 1
+        topic_data = topics = (Topic(),)
+
+    shapes += [(ApiKey.PRODUCE, _produce_error(Body(), 6)), (ApiKey.FETCH, _fetch_error(Body(), 6))]
+    for api_key, body in shapes:
+        assert sorted(answer_error_codes(api_key, body)) == sorted(error_codes(body)), body
+    assert sorted(answer_error_codes(ApiKey.PRODUCE, produce)) == [0, 87]
+    assert sorted(answer_error_codes(ApiKey.FETCH, fetch)) == [0, 0, 1]
+    # Another shape falls back to the walk.
+    assert answer_error_codes(ApiKey.FETCH, {"error_code": 3, "topics": []}) == [3]

@@ -100,6 +100,33 @@ def error_codes(body: Any) -> list[int]:
 _CONTAINERS = (dict, list, tuple)
 
 
+def _produce_error_codes(body: dict) -> list[int]:
+    return [int(p["error_code"]) for t in body["responses"] for p in t["partition_responses"]]
+
+
+def _fetch_error_codes(body: dict) -> list[int]:
+    codes = [int(body["error_code"])] if "error_code" in body else []
+    codes += [int(p["error_code"]) for t in body["responses"] for p in t["partitions"]]
+    return codes
+
+
+# Where the error codes of the two hot answers are (the handlers' dicts): a direct read
+# instead of the walk, about 10 us of a one-record Produce or Fetch (issue 19). An answer
+# of another shape falls back to the walk; tests/broker/test_metrics.py checks both agree.
+_ERROR_CODES_OF = {ApiKey.PRODUCE: _produce_error_codes, ApiKey.FETCH: _fetch_error_codes}
+
+
+def answer_error_codes(api_key: int, body: dict) -> list[int]:
+    """Every `error_code` of an answer of `api_key` (see error_codes)."""
+    direct = _ERROR_CODES_OF.get(api_key)
+    if direct is not None:
+        try:
+            return direct(body)
+        except (KeyError, TypeError):
+            pass
+    return error_codes(body)
+
+
 class _RequestCounts(Collector):
     """Requests, versions, sizes and error codes in plain dicts (see the module's theory
     of operation), exposed as the Counter and Histogram families they stand for."""
@@ -232,7 +259,7 @@ class BrokerMetrics:
 
     def observe_response(self, api_key: int, body: dict | None) -> None:
         """Count one answered request and the error codes in its body (None: no response)."""
-        self._counts.answer(api_key, [] if body is None else error_codes(body))
+        self._counts.answer(api_key, [] if body is None else answer_error_codes(api_key, body))
 
     def duplicate(self, topic: str) -> None:
         self._child(self._duplicates, topic).inc()
