@@ -54,6 +54,7 @@ from typing import NamedTuple
 
 from onceflow.storage.config import LogConfig
 from onceflow.storage.layout import (
+    PARTITION_STATE_FILE,
     BatchHeader,
     CorruptFileError,
     LogClosedError,
@@ -67,6 +68,7 @@ from onceflow.storage.recovery import (
     RecoveryReport,
     index_entries_max,
     create_log_files,
+    list_log_dir,
     load_segments,
     take_dirty_fds,
 )
@@ -134,6 +136,9 @@ class PartitionLog:
         self._closing = False
         self._closed = False
         self._roll_jitter_ms = roll_jitter_ms(config)  # this active segment's segment.jitter.ms
+        # The directory's names as `open` listed them, for the producer-state load that
+        # follows the open (no second listing); None otherwise. Stale once the log runs.
+        self.opened_listing: list[str] | None = None
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -555,6 +560,10 @@ class PartitionLog:
                 self._dir_dirty = True
                 shutil.rmtree(staging, ignore_errors=True)
                 return 0
+            # Entries the old segment has not written yet would land in the installed
+            # files when it closes below: write them now, before the rename replaces them.
+            old.offset_index.persist()
+            old.time_index.persist()
             install_segment(self.directory, staging, base_offset, replace_txn_index)
             new = Segment.open_existing(self.directory, base_offset,
                                         config.index_interval_bytes, index_entries_max(config))
@@ -606,19 +615,26 @@ class PartitionLog:
         # Only a state file that says "clean" must be durably overwritten before appends: one
         # that already says "unclean" (after a crash) stays a safe answer if the rewrite is
         # lost, so restarting after kill -9 costs no fsync per partition.
-        try:
-            prior = read_partition_state(directory)
-        except CorruptFileError:
-            prior = None
-        segments, log_start, report = load_segments(directory, config, now_ms, prior)
+        names = list_log_dir(directory)  # the only listing: segments, snapshots, leftovers
+        prior = None
+        if names is not None and PARTITION_STATE_FILE in names:
+            try:
+                prior = read_partition_state(directory)
+            except CorruptFileError:
+                pass  # load_segments reads it again, logs it and recovers everything
+        segments, log_start, report = load_segments(directory, config, now_ms, prior, names)
         log = cls(directory, config, segments, log_start, report)
+        log.opened_listing = names
         if report.first_scanned is not None:  # re-validated, not yet fsync'd: see recovery.py
             log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
             # from here on, a crash means an unclean stop; a state file that already says so
-            # with the same figures (an idle log after kill -9) is left as it is
-            if prior is None or prior.clean_shutdown or prior != log._state(clean=False):
+            # with the same log start and recovery point (an idle log after kill -9, or one
+            # whose tail was re-validated) is left as it is: its end fields count only in a
+            # clean-shutdown state
+            if (prior is None or prior.clean_shutdown
+                    or prior[:3] != log._state(clean=False)[:3]):
                 log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
         return log
 
