@@ -44,6 +44,7 @@ from onceflow.broker.config_file import log_defaults_of
 from onceflow.broker.metrics import BrokerMetrics
 from onceflow.broker.quotas import QUOTAS_FILE, ClientQuotas
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
+from onceflow.storage.checkpoint import RECOVERY_CHECKPOINT_INTERVAL_MS
 from onceflow.storage.group_commit import GroupCommitter
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import AppendInfo, PartitionLog, RetentionResult
@@ -235,6 +236,7 @@ class BrokerState:
         self._recover_next: collections.deque[tuple[str, int]] = collections.deque()
         self._recovery_stop = False
         self._recovery_task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
 
     # -- dynamic broker configs ---------------------------------------------
 
@@ -333,12 +335,25 @@ class BrokerState:
         (On a thread, each system call of an open gave the interpreter lock to the loop and
         waited up to a switch interval to get it back whenever the loop was busy: with
         10,000 partitions and clients retrying, that doubled the pass.)"""
+        self._checkpoint_task = asyncio.get_running_loop().create_task(
+            self._checkpoint_every(RECOVERY_CHECKPOINT_INTERVAL_MS), name="onceflow-checkpoint")
         keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
         if len(keys) <= RECOVERY_INLINE_MAX and RECOVERY_GATE is None:
             self._recover_slice(iter(keys), None)
             return
         self._recovery_task = asyncio.get_running_loop().create_task(
             self._recover_in_slices(keys, RECOVERY_GATE), name="onceflow-recovery")
+
+    async def _checkpoint_every(self, interval_ms: int) -> None:
+        """Kafka's log.flush.offset.checkpoint.interval.ms: every log's recovery point to the
+        data directory's checkpoint, so that after a crash only what lies past it is
+        re-validated (storage/checkpoint.py)."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await asyncio.to_thread(self.store.checkpoint_recovery_points, self.config.fsync)
+            except OSError as exc:  # a longer scan after a crash, never data: retry next time
+                logger.error("writing the recovery checkpoint failed: %s", exc)
 
     async def _recover_in_slices(self, keys: list[tuple[str, int]],
                                  gate: threading.Event | None) -> None:
@@ -406,8 +421,9 @@ class BrokerState:
     def close(self) -> None:
         """After the coordinator runtimes are closed (they append through the partitions)."""
         self._recovery_stop = True
-        if self._recovery_task is not None:
-            self._recovery_task.cancel()
+        for task in (self._recovery_task, self._checkpoint_task):
+            if task is not None:
+                task.cancel()
         for state in self._partitions.values():
             state.notify()
             # Clean shutdown: the next open loads this and replays nothing.

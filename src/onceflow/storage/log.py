@@ -139,6 +139,7 @@ class PartitionLog:
         # The directory's names as `open` listed them, for the producer-state load that
         # follows the open (no second listing); None otherwise. Stale once the log runs.
         self.opened_listing: list[str] | None = None
+        self._closed_cleanly = False
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -423,6 +424,11 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
+    def checkpoint_state(self) -> PartitionState:
+        """Log start, recovery point, end and active segment bytes now, for the recovery
+        checkpoint; clean only once `close` flushed everything and wrote its state."""
+        return self._state(clean=self._closed_cleanly)
+
     def _state(self, clean: bool) -> PartitionState:
         with self._lock:
             active = self._segments[-1]
@@ -596,6 +602,7 @@ class PartitionLog:
                 if not failed:
                     self._flush_locked()
                     self._write_state(clean=True)
+                    self._closed_cleanly = True
             finally:
                 with self._lock:
                     self._closed = True
@@ -610,18 +617,31 @@ class PartitionLog:
                 seg.close()
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
-        """Opens (creating if needed) and recovers the log in `directory`."""
-        # Only a state file that says "clean" must be durably overwritten before appends: one
-        # that already says "unclean" (after a crash) stays a safe answer if the rewrite is
-        # lost, so restarting after kill -9 costs no fsync per partition.
+    def open(cls, directory: Path, config: LogConfig, now_ms: int,
+             hint: PartitionState | None = None, trust_state_clean: bool = True,
+             ) -> PartitionLog:
+        """Opens (creating if needed) and recovers the log in `directory`.
+
+        `hint`: the log's entry in the data directory's recovery checkpoint (checkpoint.py):
+        when it says clean it is the whole state (`partition.state` is not read), else its
+        recovery point counts when newer than the state file's. `trust_state_clean=False`:
+        a clean flag in `partition.state` is ignored (the store passes it: only its clean
+        checkpoint makes a log clean, a state file's flag may be left from an earlier stop)."""
         names = list_log_dir(directory)  # the only listing: segments, snapshots, leftovers
-        prior = None
-        if names is not None and PARTITION_STATE_FILE in names:
+        on_disk = prior = None
+        if hint is not None and hint.clean_shutdown and names is not None:
+            # written by close() just before the checkpoint: the file says the same
+            on_disk = prior = hint
+        elif names is not None and PARTITION_STATE_FILE in names:
             try:
-                prior = read_partition_state(directory)
+                on_disk = prior = read_partition_state(directory)
             except CorruptFileError:
                 pass  # load_segments reads it again, logs it and recovers everything
+            if prior is not None and prior.clean_shutdown and not trust_state_clean:
+                prior = prior._replace(clean_shutdown=False)
+            if (prior is not None and not prior.clean_shutdown and hint is not None
+                    and hint.recovery_point_offset > prior.recovery_point_offset):
+                prior = prior._replace(recovery_point_offset=hint.recovery_point_offset)
         segments, log_start, report = load_segments(directory, config, now_ms, prior, names)
         log = cls(directory, config, segments, log_start, report)
         log.opened_listing = names
@@ -629,13 +649,16 @@ class PartitionLog:
             log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
-            # from here on, a crash means an unclean stop; a state file that already says so
-            # with the same log start and recovery point (an idle log after kill -9, or one
-            # whose tail was re-validated) is left as it is: its end fields count only in a
-            # clean-shutdown state
-            if (prior is None or prior.clean_shutdown
-                    or prior[:3] != log._state(clean=False)[:3]):
-                log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
+            # From here on, a crash means an unclean stop. Only a state file whose clean flag
+            # would be believed must be durably overwritten before appends; one that is not
+            # believed, with the same log start and recovery point (an idle log after kill
+            # -9, one whose tail was re-validated, any log after a clean checkpoint) is left
+            # as it is: its end fields count only in a clean state.
+            state = log._state(clean=False)
+            believed_clean = on_disk is not None and on_disk.clean_shutdown and trust_state_clean
+            if (on_disk is None or believed_clean
+                    or on_disk[:2] != state[:2]):
+                log._write_state(clean=False, fsync=on_disk is None or believed_clean)
         return log
 
     @classmethod
