@@ -327,3 +327,23 @@ def test_rescanned_segments_count_as_durable_only_after_a_flush(open_log, tmp_pa
     last = open_log(CONFIG)
     assert last.recovery.segments_scanned == 1  # only the segment holding the point
     assert_log_is(last, stored)
+
+
+@pytest.mark.parametrize("producer_id", [-1, 7])
+def test_rescan_tells_whether_producer_state_needs_a_replay(open_log, producer_id):
+    """A log re-validated at open knows whether any batch carries a producer id: without
+    one the producer-state replay is skipped; appending afterwards ends the shortcut."""
+    log = open_log(CONFIG)
+    fill(log)
+    log.append([make_batch(2, producer_id=producer_id, producer_epoch=0, base_sequence=0)],
+               NOW_MS)
+    fill(log, n=2)
+    crash(log)
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.segments_scanned == len(reopened.segment_base_offsets) > 1
+    assert reopened.needs_producer_replay(0) == (producer_id >= 0)
+    fill(reopened, n=1)
+    assert reopened.needs_producer_replay(0)
+    reopened.close()
+    clean = open_log(CONFIG)  # loaded trusting its indexes: unknown, so replayed
+    assert clean.needs_producer_replay(clean.log_end_offset)

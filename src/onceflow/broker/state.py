@@ -451,7 +451,10 @@ def load_producer_state(partition_log: PartitionLog, now: int,
         producer_id_expiration_ms=expiration_ms, names=names)
     partition_log.truncate_txn_index(start)
     replayed = 0
-    for header in partition_log.batches_from(start):
+    # A log that recovery just re-validated knows whether it holds any producer's batch
+    batches = partition_log.batches_from(start) if partition_log.needs_producer_replay(start) \
+        else ()
+    for header in batches:
         if header.base_offset < start or header.producer_id < 0:
             continue  # before the snapshot, or a plain producer's batch: no state
         marker = None

@@ -140,6 +140,10 @@ class PartitionLog:
         # follows the open (no second listing); None otherwise. Stale once the log runs.
         self.opened_listing: list[str] | None = None
         self._closed_cleanly = False
+        # From this offset on, the log as opened was re-validated and holds no batch with a
+        # producer id (None: unknown); `needs_producer_replay` answers from it.
+        self._no_producer_batches_from: int | None = None
+        self._opened_end_offset = segments[-1].next_offset
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -424,6 +428,13 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
+    def needs_producer_replay(self, offset: int) -> bool:
+        """Whether the batches from `offset` may carry producer state: False only when the
+        open re-validated all of them, found no producer id, and nothing was appended."""
+        free_from = self._no_producer_batches_from
+        return (free_from is None or offset < free_from
+                or self.log_end_offset != self._opened_end_offset)
+
     def checkpoint_state(self) -> PartitionState:
         """Log start, recovery point, end and active segment bytes now, for the recovery
         checkpoint; clean only once `close` flushed everything and wrote its state."""
@@ -645,6 +656,7 @@ class PartitionLog:
         segments, log_start, report = load_segments(directory, config, now_ms, prior, names)
         log = cls(directory, config, segments, log_start, report)
         log.opened_listing = names
+        log._no_producer_batches_from = _scanned_without_producer_batches(segments)
         if report.first_scanned is not None:  # re-validated, not yet fsync'd: see recovery.py
             log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
@@ -676,6 +688,17 @@ class PartitionLog:
             log.discard()  # gives its descriptor back (the caller removes the directory)
             raise
         return log
+
+
+def _scanned_without_producer_batches(segments: list[Segment]) -> int | None:
+    """Base offset of the trailing run of segments re-validated at open without a batch
+    carrying a producer id; None when the active segment was not re-validated or has one."""
+    free_from = None
+    for seg in reversed(segments):
+        if seg.producer_batches_scanned != 0:
+            break
+        free_from = seg.base_offset
+    return free_from
 
 
 def roll_jitter_ms(config: LogConfig) -> int:

@@ -207,6 +207,9 @@ class Segment:
         self.closed = False
         self._read_hints: dict[int, int] = {}
         self._max_ts_position: int | None = None  # first batch holding max_timestamp_ms
+        # Batches with a producer id that `recover` saw (None: not scanned since opened):
+        # lets the open skip the producer-state replay of a log that has none.
+        self.producer_batches_scanned: int | None = None
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -319,7 +322,7 @@ class Segment:
         self._max_ts_position = None
         rels, poss, tss, trels = array("I"), array("I"), array("q"), array("I")
         pos, next_offset, batches, problem = 0, max(expected_offset, self.base_offset), 0, None
-        first_max_timestamp = NO_TIMESTAMP
+        first_max_timestamp, producer_batches = NO_TIMESTAMP, 0
         for item in self._scan(size, next_offset):
             if isinstance(item, str):
                 problem = item
@@ -327,6 +330,8 @@ class Segment:
             header = item
             if batches == 0:
                 first_max_timestamp = header.max_timestamp
+            if header.producer_id >= 0:
+                producer_batches += 1
             offsets: list[tuple[int, int]] = []
             times: list[tuple[int, int]] = []
             rel = header.base_offset - self.base_offset
@@ -355,6 +360,7 @@ class Segment:
         self.created_ms = (None if batches == 0 else now_ms if first_max_timestamp < 0
                            else min(first_max_timestamp, now_ms))
         self.data_dirty = self.index_dirty = True
+        self.producer_batches_scanned = producer_batches
         self._read_hints.clear()
         return ScanResult(size, size - pos, batches, problem)
 
