@@ -87,10 +87,11 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # event before it opens its first partition (partitions stay "not ready").
 RECOVERY_GATE: threading.Event | None = None
 
-# Up to this many partitions at start are opened before the broker listens (well under a
-# second; every request then finds its partition ready, as before); more are opened in the
-# background while the broker already answers.
-RECOVERY_INLINE_MAX = 1000
+# Partitions are opened before the broker listens for up to this long (all of them when
+# there are a few thousand small ones: every request then finds its partition ready, and
+# none of the pass competes with requests); the rest are opened in the background while
+# the broker already answers.
+RECOVERY_INLINE_MS = 1000
 # The background pass opens partitions on the event loop for at most this long at a time,
 # then lets the loop answer what arrived: a request waits at most about this long for it.
 RECOVERY_SLICE_MS = 20
@@ -330,19 +331,25 @@ class BrokerState:
         return not self._recovering
 
     def start_recovery(self) -> None:
-        """Opens every partition not opened yet: now when there are few, else in slices on
-        the event loop (internal topics first), between the requests it answers meanwhile.
+        """Opens every partition not opened yet (internal topics first): now, for up to
+        RECOVERY_INLINE_MS, then in slices on the event loop between the requests it
+        answers meanwhile.
         (On a thread, each system call of an open gave the interpreter lock to the loop and
         waited up to a switch interval to get it back whenever the loop was busy: with
         10,000 partitions and clients retrying, that doubled the pass.)"""
         self._checkpoint_task = asyncio.get_running_loop().create_task(
             self._checkpoint_every(RECOVERY_CHECKPOINT_INTERVAL_MS), name="onceflow-checkpoint")
         keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
-        if len(keys) <= RECOVERY_INLINE_MAX and RECOVERY_GATE is None:
-            self._recover_slice(iter(keys), None)
+        started, pending = time.monotonic(), iter(keys)
+        if RECOVERY_GATE is None and not self._recover_slice(
+                pending, started + RECOVERY_INLINE_MS / 1000):
+            if keys:
+                logger.info("recovered %d partitions in %.2f s", len(keys),
+                            time.monotonic() - started)
             return
         self._recovery_task = asyncio.get_running_loop().create_task(
-            self._recover_in_slices(keys, RECOVERY_GATE), name="onceflow-recovery")
+            self._recover_in_slices(len(keys), pending, started, RECOVERY_GATE),
+            name="onceflow-recovery")
 
     async def _checkpoint_every(self, interval_ms: int) -> None:
         """Kafka's log.flush.offset.checkpoint.interval.ms: every log's recovery point to the
@@ -355,19 +362,17 @@ class BrokerState:
             except OSError as exc:  # a longer scan after a crash, never data: retry next time
                 logger.error("writing the recovery checkpoint failed: %s", exc)
 
-    async def _recover_in_slices(self, keys: list[tuple[str, int]],
+    async def _recover_in_slices(self, count: int, pending, started: float,
                                  gate: threading.Event | None) -> None:
         while gate is not None and not gate.is_set() and not self._recovery_stop:
             await asyncio.sleep(0.05)
-        started, pending = time.monotonic(), iter(keys)
         while not self._recovery_stop:
             deadline = time.monotonic() + RECOVERY_SLICE_MS / 1000
             if not self._recover_slice(pending, deadline):
                 break
             await asyncio.sleep(0)  # the requests that arrived meanwhile
         if not self._recovery_stop:
-            logger.info("recovered %d partitions in %.2f s", len(keys),
-                        time.monotonic() - started)
+            logger.info("recovered %d partitions in %.2f s", count, time.monotonic() - started)
 
     def _recover_slice(self, pending, deadline: float | None) -> bool:
         """Opens partitions, those asked for by `ready` first, then from `pending`, until
