@@ -347,3 +347,19 @@ def test_rescan_tells_whether_producer_state_needs_a_replay(open_log, producer_i
     reopened.close()
     clean = open_log(CONFIG)  # loaded trusting its indexes: unknown, so replayed
     assert clean.needs_producer_replay(clean.log_end_offset)
+
+
+def test_empty_segment_loads_without_its_index_files_and_empties_them(open_log, tmp_path):
+    """A trusted empty segment does not read its index files; whatever they hold is
+    replaced by the next persist, so entries written later never sit behind stale ones."""
+    log = open_log(CONFIG)
+    log.close()
+    index = tmp_path / "t-0" / f"{0:020d}.index"
+    index.write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x40" * 3)  # stale, not for this log
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.clean_shutdown and reopened.log_end_offset == 0
+    stored = fill(reopened)
+    reopened.close()
+    again = open_log(CONFIG)
+    assert again.recovery.clean_shutdown and again.recovery.segments_scanned == 0
+    assert_log_is(again, stored)

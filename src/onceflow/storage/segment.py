@@ -272,6 +272,10 @@ class Segment:
         last index entries to find the end offset and largest timestamp. False when anything
         does not add up; the caller then runs `recover`."""
         size = self.file_bytes()
+        if size == 0:  # nothing to index: its index files are not read, the next persist
+            self.offset_index.replace(array("I"), array("I"))  # empties them
+            self.time_index.replace(array("q"), array("I"))
+            return True
         try:
             self.offset_index.load()
             self.time_index.load()
