@@ -3,7 +3,8 @@
 `BrokerState` owns the storage `Store`, the group committer (fsync), the cluster
 view, the producer id allocator, the metrics and the per-partition runtime state
 (fetch waiters, producer state). Everything here runs on the broker's event loop
-thread, except the fsyncs, which the group committer does on its own thread. It knows
+thread, startup recovery included, except the fsyncs, which the group committer does on
+its own thread, and the periodic write of the recovery checkpoint (a worker thread). It knows
 nothing of the coordinators: their runtimes (broker/runtime/) sit above it and append
 through its partitions like any producer.
 
