@@ -16,12 +16,14 @@ Index files and the directory are fsync'd when a segment is rolled (by the next 
 segments wholly below the recovery point have durable data *and* indexes.
 
 Recovery (`open`). After `close()` the state file says "clean shutdown" and every segment is
-loaded trusting its indexes (only the headers after the last index entry are walked). After
-an unclean stop, every segment from the one holding the recovery point onwards is
-re-validated batch by batch (length bounds, magic 2, CRC-32C, monotonic offsets); the log is
-truncated at the first bad byte and later segments are deleted, so the log is always a valid
-prefix. Recovered segments are fsync'd before the state file is rewritten (clean flag off)
-and `open` returns. The loading itself lives in recovery.py.
+loaded trusting its indexes (only the headers after the last index entry are walked); the
+store believes that flag only together with its clean recovery checkpoint, whose entry it
+passes as `hint` (checkpoint.py). After an unclean stop, every segment from the one holding
+the recovery point onwards is re-validated batch by batch (length bounds, magic 2, CRC-32C,
+monotonic offsets); the log is truncated at the first bad byte and later segments are
+deleted, so the log is always a valid prefix. Re-validated segments are not fsync'd at open:
+the recovery point stays at the first of them until the next flush. The loading itself
+lives in recovery.py.
 
 Aborted transactions. Each segment may have a `.txnindex` (storage/txn_index.py): the
 aborted transactions whose ABORT marker it holds, for read_committed fetches. The broker
