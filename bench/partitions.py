@@ -1,13 +1,14 @@
 """Partition scale: create TOPICS x PARTITIONS in one CreateTopics against `onceflow broker`
 (a child process, fsync on), print the time, the broker's open descriptors and RSS, then
 time a Metadata request for all topics. `--records N` then writes N records to every
-partition (acks=all). `--restart` then kills the broker (SIGKILL), restarts it on the same
-data dir and prints the time until it listens, until Metadata lists every partition with a
-leader, and until one Fetch per node (every partition it leads, offset 0) answers every
-partition without error, with the RSS then.
+partition (acks=all). `--restart` then kills the broker (SIGKILL; with `--clean` stops it
+with SIGTERM, a clean shutdown), restarts it on the same data dir and prints the time until
+it listens, until Metadata lists every partition with a leader, and until one Fetch per
+node (every partition it leads, offset 0) answers every partition without error, with the
+RSS then.
 
     nice -n 10 python bench/partitions.py [--topics 1000] [--partitions 10] [--records 0]
-        [--nodes 1] [--restart]
+        [--nodes 1] [--restart [--clean]]
 """
 
 from __future__ import annotations
@@ -72,10 +73,15 @@ def fetch_errors(host: str, port: int, partitions: dict[str, list[int]]) -> int:
     return sum(len(v) for v in partitions.values()) - answered
 
 
-def time_restart(broker: BrokerProcess, total: int) -> None:
-    """kill -9, restart on the same data dir; time until listening, until Metadata lists
-    every partition with a leader and until a Fetch answers every partition."""
-    broker.kill()
+def time_restart(broker: BrokerProcess, total: int, clean: bool = False) -> None:
+    """kill -9 (`clean`: SIGTERM), restart on the same data dir; time until listening, until
+    Metadata lists every partition with a leader and until a Fetch answers every partition."""
+    if clean:
+        stop_start = time.monotonic()
+        broker.stop()
+        print(f"clean shutdown: {time.monotonic() - stop_start:.2f} s")
+    else:
+        broker.kill()
     start = time.monotonic()
     broker.start()  # returns once the broker prints that it listens
     listening_s = time.monotonic() - start
@@ -109,7 +115,7 @@ def time_restart(broker: BrokerProcess, total: int) -> None:
     recovered = [line for line in broker.log_path.read_text().splitlines()
                  if "recovered" in line and "partitions in" in line]
     print(f"broker log: {recovered[-1].split(': ', 1)[-1] if recovered else 'recovery not done'}")
-    print(f"after kill -9: listening in {listening_s:.2f} s, Metadata with {led} led "
+    print(f"after {'a clean shutdown' if clean else 'kill -9'}: listening in {listening_s:.2f} s, Metadata with {led} led "
           f"partitions in {metadata_s:.2f} s, Fetch answered every partition in "
           f"{fetch_s:.2f} s ({fetches} Fetch requests, {failed} partitions still failing); "
           f"broker fds {fds}, RSS {rss_kib / 1024:.0f} MiB")
@@ -124,6 +130,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--restart", action="store_true",
                         help="then kill -9 the broker, restart it and time Metadata and Fetch")
+    parser.add_argument("--clean", action="store_true",
+                        help="with --restart: stop the broker cleanly (SIGTERM) instead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="onceflow-bench-partitions-") as base:
         broker = BrokerProcess(Path(base) / "data", nodes=args.nodes).start()
@@ -154,7 +162,7 @@ def main() -> None:
                 print(f"wrote {args.records} records to each partition: "
                       f"{time.monotonic() - start:.2f} s")
             if args.restart:
-                time_restart(broker, total)
+                time_restart(broker, total, args.clean)
         finally:
             if broker.process is not None and broker.process.poll() is None:
                 broker.process.send_signal(signal.SIGTERM)

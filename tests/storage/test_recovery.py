@@ -327,3 +327,39 @@ def test_rescanned_segments_count_as_durable_only_after_a_flush(open_log, tmp_pa
     last = open_log(CONFIG)
     assert last.recovery.segments_scanned == 1  # only the segment holding the point
     assert_log_is(last, stored)
+
+
+@pytest.mark.parametrize("producer_id", [-1, 7])
+def test_rescan_tells_whether_producer_state_needs_a_replay(open_log, producer_id):
+    """A log re-validated at open knows whether any batch carries a producer id: without
+    one the producer-state replay is skipped; appending afterwards ends the shortcut."""
+    log = open_log(CONFIG)
+    fill(log)
+    log.append([make_batch(2, producer_id=producer_id, producer_epoch=0, base_sequence=0)],
+               NOW_MS)
+    fill(log, n=2)
+    crash(log)
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.segments_scanned == len(reopened.segment_base_offsets) > 1
+    assert reopened.needs_producer_replay(0) == (producer_id >= 0)
+    fill(reopened, n=1)
+    assert reopened.needs_producer_replay(0)
+    reopened.close()
+    clean = open_log(CONFIG)  # loaded trusting its indexes: unknown, so replayed
+    assert clean.needs_producer_replay(clean.log_end_offset)
+
+
+def test_empty_segment_loads_without_its_index_files_and_empties_them(open_log, tmp_path):
+    """A trusted empty segment does not read its index files; whatever they hold is
+    replaced by the next persist, so entries written later never sit behind stale ones."""
+    log = open_log(CONFIG)
+    log.close()
+    index = tmp_path / "t-0" / f"{0:020d}.index"
+    index.write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x40" * 3)  # stale, not for this log
+    reopened = open_log(CONFIG)
+    assert reopened.recovery.clean_shutdown and reopened.log_end_offset == 0
+    stored = fill(reopened)
+    reopened.close()
+    again = open_log(CONFIG)
+    assert again.recovery.clean_shutdown and again.recovery.segments_scanned == 0
+    assert_log_is(again, stored)

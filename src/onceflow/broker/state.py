@@ -3,7 +3,8 @@
 `BrokerState` owns the storage `Store`, the group committer (fsync), the cluster
 view, the producer id allocator, the metrics and the per-partition runtime state
 (fetch waiters, producer state). Everything here runs on the broker's event loop
-thread, except the fsyncs, which the group committer does on its own thread. It knows
+thread, startup recovery included, except the fsyncs, which the group committer does on
+its own thread, and the periodic write of the recovery checkpoint (a worker thread). It knows
 nothing of the coordinators: their runtimes (broker/runtime/) sit above it and append
 through its partitions like any producer.
 
@@ -44,6 +45,7 @@ from onceflow.broker.config_file import log_defaults_of
 from onceflow.broker.metrics import BrokerMetrics
 from onceflow.broker.quotas import QUOTAS_FILE, ClientQuotas
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
+from onceflow.storage.checkpoint import RECOVERY_CHECKPOINT_INTERVAL_MS
 from onceflow.storage.group_commit import GroupCommitter
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import AppendInfo, PartitionLog, RetentionResult
@@ -82,14 +84,18 @@ STORAGE_NODE_ID = 0
 # Internal topics; clients see is_internal=True for these.
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
-# Tests only: when set, the startup recovery thread of a broker started afterwards waits
-# for this event before it opens its first partition (partitions stay "not ready").
+# Tests only: when set, the startup recovery of a broker started afterwards waits for this
+# event before it opens its first partition (partitions stay "not ready").
 RECOVERY_GATE: threading.Event | None = None
 
-# Up to this many partitions at start are opened before the broker listens (well under a
-# second; every request then finds its partition ready, as before); more are opened in the
-# background while the broker already answers.
-RECOVERY_INLINE_MAX = 1000
+# Partitions are opened before the broker listens for up to this long (all of them when
+# there are a few thousand small ones: every request then finds its partition ready, and
+# none of the pass competes with requests); the rest are opened in the background while
+# the broker already answers.
+RECOVERY_INLINE_MS = 1000
+# The background pass opens partitions on the event loop for at most this long at a time,
+# then lets the loop answer what arrived: a request waits at most about this long for it.
+RECOVERY_SLICE_MS = 20
 
 
 def topic_name_error(name: str | None) -> str | None:
@@ -231,7 +237,8 @@ class BrokerState:
             for index in range(info.num_partitions)}
         self._recover_next: collections.deque[tuple[str, int]] = collections.deque()
         self._recovery_stop = False
-        self._recovery_thread: threading.Thread | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
 
     # -- dynamic broker configs ---------------------------------------------
 
@@ -325,29 +332,59 @@ class BrokerState:
         return not self._recovering
 
     def start_recovery(self) -> None:
-        """Opens every partition not opened yet: now when there are few, else on a worker
-        thread (internal topics first)."""
+        """Opens every partition not opened yet (internal topics first): now, for up to
+        RECOVERY_INLINE_MS, then in slices on the event loop between the requests it
+        answers meanwhile.
+        (On a thread, each system call of an open gave the interpreter lock to the loop and
+        waited up to a switch interval to get it back whenever the loop was busy: with
+        10,000 partitions and clients retrying, that doubled the pass.)"""
+        self._checkpoint_task = asyncio.get_running_loop().create_task(
+            self._checkpoint_every(RECOVERY_CHECKPOINT_INTERVAL_MS), name="onceflow-checkpoint")
         keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
-        if len(keys) <= RECOVERY_INLINE_MAX and RECOVERY_GATE is None:
-            self._recover(keys, None)
-            return
-        self._recovery_thread = threading.Thread(
-            target=self._recover, args=(keys, RECOVERY_GATE), name="onceflow-recovery",
-            daemon=True)
-        self._recovery_thread.start()
-
-    def _recover(self, keys: list[tuple[str, int]], gate: threading.Event | None) -> None:
-        """(recovery thread, or start_recovery) Opens `keys`, those asked for by `ready` first."""
-        while gate is not None and not gate.wait(0.1) and not self._recovery_stop:
-            pass
         started, pending = time.monotonic(), iter(keys)
+        if RECOVERY_GATE is None and not self._recover_slice(
+                pending, started + RECOVERY_INLINE_MS / 1000):
+            if keys:
+                logger.info("recovered %d partitions in %.2f s", len(keys),
+                            time.monotonic() - started)
+            return
+        self._recovery_task = asyncio.get_running_loop().create_task(
+            self._recover_in_slices(len(keys), pending, started, RECOVERY_GATE),
+            name="onceflow-recovery")
+
+    async def _checkpoint_every(self, interval_ms: int) -> None:
+        """Kafka's log.flush.offset.checkpoint.interval.ms: every log's recovery point to the
+        data directory's checkpoint, so that after a crash only what lies past it is
+        re-validated (storage/checkpoint.py)."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await asyncio.to_thread(self.store.checkpoint_recovery_points, self.config.fsync)
+            except OSError as exc:  # a longer scan after a crash, never data: retry next time
+                logger.error("writing the recovery checkpoint failed: %s", exc)
+
+    async def _recover_in_slices(self, count: int, pending, started: float,
+                                 gate: threading.Event | None) -> None:
+        while gate is not None and not gate.is_set() and not self._recovery_stop:
+            await asyncio.sleep(0.05)
         while not self._recovery_stop:
+            deadline = time.monotonic() + RECOVERY_SLICE_MS / 1000
+            if not self._recover_slice(pending, deadline):
+                break
+            await asyncio.sleep(0)  # the requests that arrived meanwhile
+        if not self._recovery_stop:
+            logger.info("recovered %d partitions in %.2f s", count, time.monotonic() - started)
+
+    def _recover_slice(self, pending, deadline: float | None) -> bool:
+        """Opens partitions, those asked for by `ready` first, then from `pending`, until
+        `deadline` (monotonic seconds; None: all). False once none is left."""
+        while True:
             try:
                 key = self._recover_next.popleft()
             except IndexError:
                 key = next(pending, None)
                 if key is None:
-                    break
+                    return False
             with self._open_lock:
                 if key not in self._recovering:  # done on demand, or its topic was deleted
                     continue
@@ -356,9 +393,8 @@ class BrokerState:
                 except Exception as exc:  # noqa: BLE001 - one bad log must not stop the rest
                     self._recovering.discard(key)  # opened on demand at its next use
                     logger.error("%s-%d: recovery failed: %s", key[0], key[1], exc)
-        if not self._recovery_stop:
-            logger.info("recovered %d partitions in %.2f s", len(keys),
-                        time.monotonic() - started)
+            if deadline is not None and time.monotonic() >= deadline:
+                return True
 
     def partitions(self) -> list[PartitionState]:
         """The partitions opened so far."""
@@ -391,8 +427,9 @@ class BrokerState:
     def close(self) -> None:
         """After the coordinator runtimes are closed (they append through the partitions)."""
         self._recovery_stop = True
-        if self._recovery_thread is not None:
-            self._recovery_thread.join()
+        for task in (self._recovery_task, self._checkpoint_task):
+            if task is not None:
+                task.cancel()
         for state in self._partitions.values():
             state.notify()
             # Clean shutdown: the next open loads this and replays nothing.
@@ -413,13 +450,17 @@ def load_producer_state(partition_log: PartitionLog, now: int,
     aborted-transaction index is rebuilt from the snapshot on by the same replay: its
     entries below the snapshot were made durable before the snapshot was written."""
     producers = ProducerStateManager()
+    names, partition_log.opened_listing = partition_log.opened_listing, None
     start = producers.load_latest_snapshot(
         partition_log.directory, log_start_offset=partition_log.log_start_offset,
         log_end_offset=partition_log.log_end_offset, now_ms=now,
-        producer_id_expiration_ms=expiration_ms)
+        producer_id_expiration_ms=expiration_ms, names=names)
     partition_log.truncate_txn_index(start)
     replayed = 0
-    for header in partition_log.batches_from(start):
+    # A log that recovery just re-validated knows whether it holds any producer's batch
+    batches = partition_log.batches_from(start) if partition_log.needs_producer_replay(start) \
+        else ()
+    for header in batches:
         if header.base_offset < start or header.producer_id < 0:
             continue  # before the snapshot, or a plain producer's batch: no state
         marker = None

@@ -80,11 +80,17 @@ class _IndexFile:
 
     entry_bytes: int
 
-    def __init__(self, path: Path, max_entries: int) -> None:
+    def __init__(self, path: Path, max_entries: int, exists: bool = False) -> None:
         self.path = path
         self.max_entries = max_entries
         self.persisted = 0  # entries already in the file
-        os.close(_open_rw(path))  # the file exists from the start, as the segment's other files
+        # The whole file is rewritten by the next persist (after a recovery rebuild): the
+        # rebuild itself writes nothing, so a restart after a crash does no index I/O; the
+        # segment stays below the recovery point until that persist, so a crash before it
+        # rebuilds the index again instead of loading the stale file.
+        self._rewrite_pending = False
+        if not exists:  # the file exists from the start, as the segment's other files
+            os.close(_open_rw(path))
 
     def _entries_bytes(self, start: int) -> bytes:
         raise NotImplementedError
@@ -92,9 +98,16 @@ class _IndexFile:
     def _count(self) -> int:
         raise NotImplementedError
 
+    def _all_bytes(self) -> bytes | bytearray:
+        """Every entry as stored (a rebuild's rewrite), without a Python loop per entry."""
+        raise NotImplementedError
+
     def persist(self) -> None:
-        """Writes the entries not yet in the file."""
-        if self.persisted < self._count():
+        """Writes the entries not yet in the file (all of them after a rebuild)."""
+        if self._rewrite_pending:
+            self._rewrite_file(self._all_bytes())
+            self._rewrite_pending = False
+        elif self.persisted < self._count():
             data = self._entries_bytes(self.persisted)
             fd = _open_rw(self.path)
             try:
@@ -141,8 +154,8 @@ class OffsetIndex(_IndexFile):
 
     entry_bytes = OFFSET_ENTRY_BYTES
 
-    def __init__(self, path: Path, max_entries: int) -> None:
-        super().__init__(path, max_entries)
+    def __init__(self, path: Path, max_entries: int, exists: bool = False) -> None:
+        super().__init__(path, max_entries, exists)
         self.rel_offsets = array("I")
         self.positions = array("I")
 
@@ -209,13 +222,17 @@ class OffsetIndex(_IndexFile):
             self._truncate_file(keep)
 
     def replace(self, rel_offsets: array, positions: array) -> None:
-        """Rewrites the whole file (recovery rebuild)."""
-        words = array("I", bytes(8 * len(positions)))
-        words[0::2], words[1::2] = rel_offsets, positions
+        """The entries of a recovery rebuild; the file is rewritten by the next persist."""
+        self.rel_offsets, self.positions = array("I", rel_offsets), array("I", positions)
+        self.persisted = 0
+        self._rewrite_pending = True
+
+    def _all_bytes(self) -> bytes:
+        words = array("I", bytes(8 * len(self.positions)))
+        words[0::2], words[1::2] = self.rel_offsets, self.positions
         if _SWAP:
             words.byteswap()
-        self.rel_offsets, self.positions = array("I", rel_offsets), array("I", positions)
-        self._rewrite_file(words.tobytes())
+        return words.tobytes()
 
 
 class TimeIndex(_IndexFile):
@@ -223,8 +240,8 @@ class TimeIndex(_IndexFile):
 
     entry_bytes = TIME_ENTRY_BYTES
 
-    def __init__(self, path: Path, max_entries: int) -> None:
-        super().__init__(path, max_entries)
+    def __init__(self, path: Path, max_entries: int, exists: bool = False) -> None:
+        super().__init__(path, max_entries, exists)
         self.timestamps = array("q")
         self.rel_offsets = array("I")
 
@@ -296,8 +313,14 @@ class TimeIndex(_IndexFile):
             self._truncate_file(keep)
 
     def replace(self, timestamps: array, rel_offsets: array) -> None:
-        count = len(timestamps)
-        ts, rel = array("q", timestamps), array("I", rel_offsets)
+        """The entries of a recovery rebuild; the file is rewritten by the next persist."""
+        self.timestamps, self.rel_offsets = array("q", timestamps), array("I", rel_offsets)
+        self.persisted = 0
+        self._rewrite_pending = True
+
+    def _all_bytes(self) -> bytearray:
+        count = len(self.timestamps)
+        ts, rel = array("q", self.timestamps), array("I", self.rel_offsets)
         if _SWAP:
             ts.byteswap()
             rel.byteswap()
@@ -307,8 +330,7 @@ class TimeIndex(_IndexFile):
             data[k::TIME_ENTRY_BYTES] = ts_bytes[k::8]
         for k in range(4):
             data[8 + k :: TIME_ENTRY_BYTES] = rel_bytes[k::4]
-        self.timestamps, self.rel_offsets = array("q", timestamps), array("I", rel_offsets)
-        self._rewrite_file(data)
+        return data
 
 
 class IndexBuilder:

@@ -16,12 +16,14 @@ Index files and the directory are fsync'd when a segment is rolled (by the next 
 segments wholly below the recovery point have durable data *and* indexes.
 
 Recovery (`open`). After `close()` the state file says "clean shutdown" and every segment is
-loaded trusting its indexes (only the headers after the last index entry are walked). After
-an unclean stop, every segment from the one holding the recovery point onwards is
-re-validated batch by batch (length bounds, magic 2, CRC-32C, monotonic offsets); the log is
-truncated at the first bad byte and later segments are deleted, so the log is always a valid
-prefix. Recovered segments are fsync'd before the state file is rewritten (clean flag off)
-and `open` returns. The loading itself lives in recovery.py.
+loaded trusting its indexes (only the headers after the last index entry are walked); the
+store believes that flag only together with its clean recovery checkpoint, whose entry it
+passes as `hint` (checkpoint.py). After an unclean stop, every segment from the one holding
+the recovery point onwards is re-validated batch by batch (length bounds, magic 2, CRC-32C,
+monotonic offsets); the log is truncated at the first bad byte and later segments are
+deleted, so the log is always a valid prefix. Re-validated segments are not fsync'd at open:
+the recovery point stays at the first of them until the next flush. The loading itself
+lives in recovery.py.
 
 Aborted transactions. Each segment may have a `.txnindex` (storage/txn_index.py): the
 aborted transactions whose ABORT marker it holds, for read_committed fetches. The broker
@@ -54,6 +56,7 @@ from typing import NamedTuple
 
 from onceflow.storage.config import LogConfig
 from onceflow.storage.layout import (
+    PARTITION_STATE_FILE,
     BatchHeader,
     CorruptFileError,
     LogClosedError,
@@ -67,6 +70,7 @@ from onceflow.storage.recovery import (
     RecoveryReport,
     index_entries_max,
     create_log_files,
+    list_log_dir,
     load_segments,
     take_dirty_fds,
 )
@@ -134,6 +138,14 @@ class PartitionLog:
         self._closing = False
         self._closed = False
         self._roll_jitter_ms = roll_jitter_ms(config)  # this active segment's segment.jitter.ms
+        # The directory's names as `open` listed them, for the producer-state load that
+        # follows the open (no second listing); None otherwise. Stale once the log runs.
+        self.opened_listing: list[str] | None = None
+        self._closed_cleanly = False
+        # From this offset on, the log as opened was re-validated and holds no batch with a
+        # producer id (None: unknown); `needs_producer_replay` answers from it.
+        self._no_producer_batches_from: int | None = None
+        self._opened_end_offset = segments[-1].next_offset
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -418,6 +430,18 @@ class PartitionLog:
             self._write_state(clean=False)
             self._checkpointed_bytes = appended
 
+    def needs_producer_replay(self, offset: int) -> bool:
+        """Whether the batches from `offset` may carry producer state: False only when the
+        open re-validated all of them, found no producer id, and nothing was appended."""
+        free_from = self._no_producer_batches_from
+        return (free_from is None or offset < free_from
+                or self.log_end_offset != self._opened_end_offset)
+
+    def checkpoint_state(self) -> PartitionState:
+        """Log start, recovery point, end and active segment bytes now, for the recovery
+        checkpoint; clean only once `close` flushed everything and wrote its state."""
+        return self._state(clean=self._closed_cleanly)
+
     def _state(self, clean: bool) -> PartitionState:
         with self._lock:
             active = self._segments[-1]
@@ -555,6 +579,10 @@ class PartitionLog:
                 self._dir_dirty = True
                 shutil.rmtree(staging, ignore_errors=True)
                 return 0
+            # Entries the old segment has not written yet would land in the installed
+            # files when it closes below: write them now, before the rename replaces them.
+            old.offset_index.persist()
+            old.time_index.persist()
             install_segment(self.directory, staging, base_offset, replace_txn_index)
             new = Segment.open_existing(self.directory, base_offset,
                                         config.index_interval_bytes, index_entries_max(config))
@@ -587,6 +615,7 @@ class PartitionLog:
                 if not failed:
                     self._flush_locked()
                     self._write_state(clean=True)
+                    self._closed_cleanly = True
             finally:
                 with self._lock:
                     self._closed = True
@@ -601,25 +630,49 @@ class PartitionLog:
                 seg.close()
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
-        """Opens (creating if needed) and recovers the log in `directory`."""
-        # Only a state file that says "clean" must be durably overwritten before appends: one
-        # that already says "unclean" (after a crash) stays a safe answer if the rewrite is
-        # lost, so restarting after kill -9 costs no fsync per partition.
-        try:
-            prior = read_partition_state(directory)
-        except CorruptFileError:
-            prior = None
-        segments, log_start, report = load_segments(directory, config, now_ms, prior)
+    def open(cls, directory: Path, config: LogConfig, now_ms: int,
+             hint: PartitionState | None = None, trust_state_clean: bool = True,
+             ) -> PartitionLog:
+        """Opens (creating if needed) and recovers the log in `directory`.
+
+        `hint`: the log's entry in the data directory's recovery checkpoint (checkpoint.py):
+        when it says clean it is the whole state (`partition.state` is not read), else its
+        recovery point counts when newer than the state file's. `trust_state_clean=False`:
+        a clean flag in `partition.state` is ignored (the store passes it: only its clean
+        checkpoint makes a log clean, a state file's flag may be left from an earlier stop)."""
+        names = list_log_dir(directory)  # the only listing: segments, snapshots, leftovers
+        on_disk = prior = None
+        if hint is not None and hint.clean_shutdown and names is not None:
+            # written by close() just before the checkpoint: the file says the same
+            on_disk = prior = hint
+        elif names is not None and PARTITION_STATE_FILE in names:
+            try:
+                on_disk = prior = read_partition_state(directory)
+            except CorruptFileError:
+                pass  # load_segments reads it again, logs it and recovers everything
+            if prior is not None and prior.clean_shutdown and not trust_state_clean:
+                prior = prior._replace(clean_shutdown=False)
+            if (prior is not None and not prior.clean_shutdown and hint is not None
+                    and hint.recovery_point_offset > prior.recovery_point_offset):
+                prior = prior._replace(recovery_point_offset=hint.recovery_point_offset)
+        segments, log_start, report = load_segments(directory, config, now_ms, prior, names)
         log = cls(directory, config, segments, log_start, report)
+        log.opened_listing = names
+        log._no_producer_batches_from = _scanned_without_producer_batches(segments)
         if report.first_scanned is not None:  # re-validated, not yet fsync'd: see recovery.py
             log._recovery_point = min(log._recovery_point, report.first_scanned)
         log.truncate_txn_index(log.log_end_offset)  # entries of a truncated tail
         with log._flush_lock:
-            # from here on, a crash means an unclean stop; a state file that already says so
-            # with the same figures (an idle log after kill -9) is left as it is
-            if prior is None or prior.clean_shutdown or prior != log._state(clean=False):
-                log._write_state(clean=False, fsync=prior is None or prior.clean_shutdown)
+            # From here on, a crash means an unclean stop. Only a state file whose clean flag
+            # would be believed must be durably overwritten before appends; one that is not
+            # believed, with the same log start and recovery point (an idle log after kill
+            # -9, one whose tail was re-validated, any log after a clean checkpoint) is left
+            # as it is: its end fields count only in a clean state.
+            state = log._state(clean=False)
+            believed_clean = on_disk is not None and on_disk.clean_shutdown and trust_state_clean
+            if (on_disk is None or believed_clean
+                    or on_disk[:2] != state[:2]):
+                log._write_state(clean=False, fsync=on_disk is None or believed_clean)
         return log
 
     @classmethod
@@ -637,6 +690,17 @@ class PartitionLog:
             log.discard()  # gives its descriptor back (the caller removes the directory)
             raise
         return log
+
+
+def _scanned_without_producer_batches(segments: list[Segment]) -> int | None:
+    """Base offset of the trailing run of segments re-validated at open without a batch
+    carrying a producer id; None when the active segment was not re-validated or has one."""
+    free_from = None
+    for seg in reversed(segments):
+        if seg.producer_batches_scanned != 0:
+            break
+        free_from = seg.base_offset
+    return free_from
 
 
 def roll_jitter_ms(config: LogConfig) -> int:

@@ -557,12 +557,14 @@ class ProducerStateManager:
     def load_latest_snapshot(self, directory: Path, *, log_start_offset: int,
                              log_end_offset: int, now_ms: int,
                              producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT,
-                             ) -> int:
+                             names: list[str] | None = None) -> int:
         """Restore the newest valid snapshot in [log_start_offset, log_end_offset]; returns the
         offset from which the caller must `replay` the log. Deletes snapshots above the log end
-        (the log was truncated), below the log start, corrupt ones and stray temporary files."""
+        (the log was truncated), below the log start, corrupt ones and stray temporary files.
+        `names`: the directory's listing if the caller just made it (the log's open)."""
         assert not self._producers and self._end_offset == 0, "load into an empty manager"
-        names = os.listdir(directory)  # one listing for both (startup opens every partition)
+        if names is None:
+            names = os.listdir(directory)  # one listing for both
         for name in names:
             if name.endswith(SNAPSHOT_TMP_SUFFIX):
                 (directory / name).unlink(missing_ok=True)

@@ -36,6 +36,7 @@ from onceflow.storage.layout import (
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     TMP_SUFFIX,
+    PARTITION_STATE_FILE,
     CorruptFileError,
     PartitionState,
     fsync_dir,
@@ -82,23 +83,37 @@ def take_dirty_fds(segments: list[Segment], directory: Path | None) -> list[int]
     return fds
 
 
+def list_log_dir(directory: Path) -> list[str] | None:
+    """The names in a partition directory, None when it does not exist: the one listing
+    that opening a log makes (segments, indexes, snapshots, leftovers all come from it)."""
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return None
+
+
 def load_segments(
     directory: Path, config: LogConfig, now_ms: int, state: PartitionState | None = None,
+    names: list[str] | None = None,
 ) -> tuple[list[Segment], int, RecoveryReport]:
     """Opens (creating if needed) and recovers the segments in `directory`: returns them
     (at least one), the log start offset and what recovery did. `state`: the partition
-    state file as the caller read it (else read here; a corrupt one means "recover all")."""
-    created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
+    state file as the caller read it (else read here; a corrupt one means "recover all").
+    `names`: the directory's listing if the caller made it (`list_log_dir`)."""
+    if names is None:
+        names = list_log_dir(directory)
+    created = names is None
     if created:
+        directory.mkdir(parents=True, exist_ok=True)
         fsync_dir(directory.parent)
-    bases = _clean_directory(directory)
+        names = []
+    bases, names = _clean_directory(directory, names)
     if state is None and not created:
         try:
             state = read_partition_state(directory)
         except CorruptFileError as exc:
             logger.error("%s: %s; recovering the whole log", directory, exc)
-    return _load(directory, config, bases, state, now_ms)
+    return _load(directory, config, bases, state, now_ms, frozenset(names))
 
 
 def create_log_files(directory: Path, config: LogConfig) -> tuple[list[Segment], int, RecoveryReport]:
@@ -111,33 +126,38 @@ def create_log_files(directory: Path, config: LogConfig) -> tuple[list[Segment],
     return [segment], 0, RecoveryReport(False, 0, 0, 0, 0, None)
 
 
-def _clean_directory(directory: Path) -> list[int]:
-    """Removes temp files and indexes without a .log; returns the segment base offsets."""
-    names = os.listdir(directory)
+def _clean_directory(directory: Path, names: list[str]) -> tuple[list[int], list[str]]:
+    """Removes temp files and indexes without a .log; returns the segment base offsets and
+    the names left."""
     bases = sorted(b for b in (parse_segment_name(n, LOG_SUFFIX) for n in names) if b is not None)
     have = set(bases)
-    removed = False
+    removed: list[str] = []
     for name in names:
+        if name.endswith(LOG_SUFFIX) or name == PARTITION_STATE_FILE:
+            continue  # the common names first: no suffix parsing for them
         index_base = next((b for b in (parse_segment_name(name, suffix)
                                        for suffix in _SEGMENT_INDEX_SUFFIXES) if b is not None),
                           None)
         if name.endswith(TMP_SUFFIX) or (index_base is not None and index_base not in have):
             os.unlink(directory / name)
-            removed = True
+            removed.append(name)
     if removed:
         fsync_dir(directory)
-    return bases
+        names = [n for n in names if n not in removed]
+    return bases, names
 
 
 def _load(
-    directory: Path, config: LogConfig, bases: list[int], state: PartitionState | None, now_ms: int
+    directory: Path, config: LogConfig, bases: list[int], state: PartitionState | None,
+    now_ms: int, names: frozenset[str],
 ) -> tuple[list[Segment], int, RecoveryReport]:
     clean = state is not None and state.clean_shutdown
     recovery_point = state.recovery_point_offset if state is not None else 0
     # Trust segments that end at or before the recovery point: those starting before it,
     # except the last such one (it may extend past the point).
     first_scan = len(bases) if clean else max(bisect_left(bases, recovery_point) - 1, 0)
-    segments, scanned, report = _load_segments(directory, config, bases, first_scan, now_ms)
+    segments, scanned, report = _load_segments(directory, config, bases, first_scan, now_ms,
+                                               names)
     if (
         clean
         and segments
@@ -175,7 +195,7 @@ def _load(
     return segments, max(log_start, segments[0].base_offset), report
 
 
-def _load_segments(directory, config, bases, first_scan, now_ms):
+def _load_segments(directory, config, bases, first_scan, now_ms, names):
     segments: list[Segment] = []
     scanned: list[Segment] = []
     report = RecoveryReport(False, 0, 0, 0, 0, None)
@@ -188,7 +208,7 @@ def _load_segments(directory, config, bases, first_scan, now_ms):
                 segments_dropped=report.segments_dropped + _delete_bases(directory, bases[i:])
             )
             break
-        seg = Segment.open_existing(directory, base, interval, entries_max)
+        seg = Segment.open_existing(directory, base, interval, entries_max, names)
         segments.append(seg)
         if i < first_scan and seg.load_trusted(now_ms):
             continue

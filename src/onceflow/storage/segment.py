@@ -183,21 +183,21 @@ class Segment:
     """One segment's files and in-memory state (see the module docstring)."""
 
     def __init__(
-        self, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
+        self, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int,
+        names: frozenset[str] | set[str] = frozenset(),
     ):
         self.base_offset = base_offset
-        self.log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        # One path parse per segment: its other files differ only in the suffix.
+        self.log_path = log_path = segment_path(directory, base_offset, LOG_SUFFIX)
         self._fd = -1  # open only while in the OPEN_FILES LRU; `fd` reopens it on demand
         # The lock that guards every file access of this segment (its PartitionLog's); None
         # while it has no owner, and then the LRU never closes its descriptor.
         self.guard: threading.Lock | None = None
-        self.offset_index = OffsetIndex(
-            segment_path(directory, base_offset, INDEX_SUFFIX), index_entries_max
-        )
-        self.time_index = TimeIndex(
-            segment_path(directory, base_offset, TIME_INDEX_SUFFIX), index_entries_max
-        )
-        self.txn_index = TxnIndex(segment_path(directory, base_offset, TXN_INDEX_SUFFIX))
+        index_path = log_path.with_suffix(INDEX_SUFFIX)
+        self.offset_index = OffsetIndex(index_path, index_entries_max, index_path.name in names)
+        time_path = log_path.with_suffix(TIME_INDEX_SUFFIX)
+        self.time_index = TimeIndex(time_path, index_entries_max, time_path.name in names)
+        self.txn_index = TxnIndex(log_path.with_suffix(TXN_INDEX_SUFFIX))
         self.builder = IndexBuilder(interval_bytes)
         self.size_bytes = 0
         self.next_offset = base_offset  # exclusive end offset of the data in this segment
@@ -207,6 +207,9 @@ class Segment:
         self.closed = False
         self._read_hints: dict[int, int] = {}
         self._max_ts_position: int | None = None  # first batch holding max_timestamp_ms
+        # Batches with a producer id that `recover` saw (None: not scanned since opened):
+        # lets the open skip the producer-state replay of a log that has none.
+        self.producer_batches_scanned: int | None = None
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -223,12 +226,15 @@ class Segment:
 
     @classmethod
     def open_existing(
-        cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
+        cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int,
+        names: frozenset[str] | set[str] | None = None,
     ) -> Segment:
-        seg = cls(directory, base_offset, interval_bytes, index_entries_max)
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CLOEXEC)
-        OPEN_FILES.touch(seg)
-        seg.txn_index.load()
+        """The segment's files as they are; the `.log` is opened on first use (`fd`), so an
+        empty segment costs no descriptor. `names`: the directory's listing when the caller
+        has it (spares a lookup per index file)."""
+        seg = cls(directory, base_offset, interval_bytes, index_entries_max, names or frozenset())
+        if names is None or seg.txn_index.path.name in names:
+            seg.txn_index.load()
         return seg
 
     @property
@@ -255,6 +261,9 @@ class Segment:
         return self.builder.max_timestamp_ms
 
     def file_bytes(self) -> int:
+        """The `.log` file's size (a stat of the path when no descriptor is open yet)."""
+        if self._fd < 0 and not self.closed:
+            return os.stat(self.log_path).st_size
         return os.fstat(self.fd).st_size
 
     def load_trusted(self, now_ms: int) -> bool:
@@ -263,6 +272,10 @@ class Segment:
         last index entries to find the end offset and largest timestamp. False when anything
         does not add up; the caller then runs `recover`."""
         size = self.file_bytes()
+        if size == 0:  # nothing to index: its index files are not read, the next persist
+            self.offset_index.replace(array("I"), array("I"))  # empties them
+            self.time_index.replace(array("q"), array("I"))
+            return True
         try:
             self.offset_index.load()
             self.time_index.load()
@@ -313,11 +326,16 @@ class Segment:
         self._max_ts_position = None
         rels, poss, tss, trels = array("I"), array("I"), array("q"), array("I")
         pos, next_offset, batches, problem = 0, max(expected_offset, self.base_offset), 0, None
+        first_max_timestamp, producer_batches = NO_TIMESTAMP, 0
         for item in self._scan(size, next_offset):
             if isinstance(item, str):
                 problem = item
                 break
             header = item
+            if batches == 0:
+                first_max_timestamp = header.max_timestamp
+            if header.producer_id >= 0:
+                producer_batches += 1
             offsets: list[tuple[int, int]] = []
             times: list[tuple[int, int]] = []
             rel = header.base_offset - self.base_offset
@@ -342,8 +360,11 @@ class Segment:
         if batches == 0:
             self._max_ts_position = None
         self.next_offset = next_offset if batches else self.base_offset
-        self.created_ms = self._first_batch_time(now_ms)
+        # As _first_batch_time, from the header the scan already read
+        self.created_ms = (None if batches == 0 else now_ms if first_max_timestamp < 0
+                           else min(first_max_timestamp, now_ms))
         self.data_dirty = self.index_dirty = True
+        self.producer_batches_scanned = producer_batches
         self._read_hints.clear()
         return ScanResult(size, size - pos, batches, problem)
 

@@ -15,6 +15,10 @@ the last completed change:
   its directories are removed, then the entry is dropped. The next open finishes any deletion
   a crash interrupted, so a deleted topic never comes back and its files never linger.
 
+Logs are opened on first use (`partition`). The recovery checkpoint (checkpoint.py) gives
+each log's open its state after a clean `close` (nothing read or scanned) and a newer
+recovery point after a crash; `checkpoint_recovery_points` refreshes it while running.
+
 All methods take one lock; the broker calls them from its event loop.
 """
 
@@ -33,12 +37,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from onceflow.storage.checkpoint import (
+    CheckpointEntry,
+    read_recovery_checkpoint,
+    write_recovery_checkpoint,
+)
 from onceflow.storage.config import LogConfig, validate_topic_configs
 from onceflow.storage.layout import (
     CorruptFileError,
     InvalidPartitionsError,
     InvalidTopicError,
     LogFailedError,
+    PartitionState,
     TopicExistsError,
     UnknownTopicError,
     fsync_dir,
@@ -107,9 +117,12 @@ class Store:
         self._batch: list[str] | None = None  # topics created inside `batch()`, not yet saved
         self._closed = False
         self._configs: dict[tuple[tuple[str, str], ...], LogConfig] = {}  # by overrides
+        self._hints: dict[tuple[str, int], PartitionState] = {}
         self._load_meta()
         for info in list(self._deleting.values()):
             self._finish_delete(info)
+        # Each log's entry of the recovery checkpoint, until the log is opened (checkpoint.py)
+        self._hints: dict[tuple[str, int], PartitionState] = self._load_checkpoint()
         # Logs are opened (and so recovered) on first use, by `partition`: a restart reads
         # only topics.meta, and the broker recovers its partitions in the background.
         self._warn_unknown_dirs()
@@ -279,19 +292,38 @@ class Store:
                     log.update_config(configs[name])
 
     def close(self) -> None:
-        """Closes every log cleanly (flush + clean-shutdown state)."""
+        """Closes every log cleanly (flush + clean-shutdown state), then writes the recovery
+        checkpoint with the clean-shutdown flag, so the next start scans nothing."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            logs, self._logs = list(self._logs.values()), {}
+            logs = dict(self._logs)
         errors = []
-        for log in logs:
+        for log in logs.values():
             try:
                 log.close()
             except Exception as exc:  # noqa: BLE001 - close the others, then report
                 logger.error("closing %s failed: %s", log.directory, exc)
                 errors.append(exc)
+        with self._lock:
+            self._logs = {}
+            try:
+                self._write_checkpoint(logs, clean=True)
+            except OSError as exc:  # the next start re-validates each log's tail
+                logger.error("writing the recovery checkpoint at close failed: %s", exc)
+                errors.append(exc)
         if errors:
             raise errors[0]
+
+    def checkpoint_recovery_points(self, fsync: bool = True) -> None:
+        """Writes every log's recovery point to the checkpoint (the broker calls this every
+        RECOVERY_CHECKPOINT_INTERVAL_MS, from a worker thread): after a crash each log
+        re-validates only what lies past it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._write_checkpoint(dict(self._logs), clean=False, fsync=fsync)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -319,14 +351,55 @@ class Store:
             if new and not path.exists():
                 log = PartitionLog.create(path, config)
             else:
-                log = PartitionLog.open(path, config, self._now_ms)
+                hint = self._hints.pop((info.name, index), None)
+                log = PartitionLog.open(path, config, self._now_ms, hint, trust_state_clean=False)
             self._logs[(info.name, index)] = log
         if new and self._batch is None:
             fsync_dir(self.data_dir)
 
+    def _load_checkpoint(self) -> dict[tuple[str, int], PartitionState]:
+        """The checkpoint's entries of live topics; a clean one is rewritten unclean first,
+        before any log can change (Kafka deletes its clean-shutdown marker the same way)."""
+        try:
+            checkpoint = read_recovery_checkpoint(self.data_dir)
+        except CorruptFileError as exc:
+            logger.error("%s; every log re-validates its tail", exc)
+            return {}
+        if checkpoint is None:
+            return {}
+        names = {info.topic_id: info for info in self._topics.values()}
+        hints = {}
+        for entry in checkpoint.entries:
+            info = names.get(entry.topic_id)
+            if info is not None and entry.partition < info.num_partitions:
+                state = entry.state
+                if not checkpoint.clean and state.clean_shutdown:
+                    state = state._replace(clean_shutdown=False)
+                hints[(info.name, entry.partition)] = state
+        if checkpoint.clean:  # the entries keep their flags; the file's flag is what counts
+            self._hints = hints
+            self._write_checkpoint({}, clean=False)
+        return hints
+
+    def _write_checkpoint(self, logs: Mapping[tuple[str, int], PartitionLog], clean: bool,
+                          fsync: bool = True) -> None:
+        """(holding _lock) Entries of `logs` as they are now, and of the logs not opened
+        since the start as the last checkpoint had them."""
+        entries = []
+        for (name, index), state in self._hints.items():
+            info = self._topics.get(name)
+            if info is not None and (name, index) not in logs and index < info.num_partitions:
+                entries.append(CheckpointEntry(info.topic_id, index, state))
+        for (name, index), log in logs.items():
+            info = self._topics.get(name)
+            if info is not None:
+                entries.append(CheckpointEntry(info.topic_id, index, log.checkpoint_state()))
+        write_recovery_checkpoint(self.data_dir, clean, entries, fsync)
+
     def _finish_delete(self, info: TopicInfo) -> None:
         """Removes the directories of a topic marked deleting, then its metadata entry."""
         for index in range(info.num_partitions):
+            self._hints.pop((info.name, index), None)  # not for a new topic of that name
             log = self._logs.pop((info.name, index), None)
             if log is not None:
                 log.discard()
