@@ -55,6 +55,7 @@ class Phase:
     records: int
     seconds: float
     broker_cpu_s: float
+    client_cpu_s: float = 0.0   # this process (the client's threads), produce phases only
 
     def rate(self) -> float:
         return self.records / self.seconds
@@ -120,7 +121,7 @@ def produce(settings: dict, topic: str, records: int, record_bytes: int, pid: in
                                     "delivery.report.only.error": True,
                                     "on_delivery": lambda e, _m: failures.append(e)})
     payload = os.urandom(record_bytes)
-    cpu0, start = broker_cpu_s(pid), time.perf_counter()
+    cpu0, client0, start = broker_cpu_s(pid), time.process_time(), time.perf_counter()
     for _ in range(records):
         while True:
             try:
@@ -131,7 +132,8 @@ def produce(settings: dict, topic: str, records: int, record_bytes: int, pid: in
     remaining = producer.flush(PHASE_TIMEOUT_S)
     if failures or remaining:
         raise BenchError(f"produce over {settings['security.protocol']}: {failures[:1]} {remaining}")
-    return Phase(records, time.perf_counter() - start, broker_cpu_s(pid) - cpu0)
+    return Phase(records, time.perf_counter() - start, broker_cpu_s(pid) - cpu0,
+                 time.process_time() - client0)
 
 
 def consume(settings: dict, topic: str, records: int, partitions: int, pid: int) -> Phase:
@@ -194,15 +196,16 @@ def report(results, args, argv: list[str]) -> str:
         "Command: `" + " ".join([".venv/bin/python bench/security.py", *map(shlex.quote, argv)])
         + "`",
         "",
-        f"Load: {args.records:,} records x {args.record_bytes:,} B, {args.partitions} partitions,"
+        (f"Load: {args.records:,} records x {args.record_bytes:,} B, {args.partitions} partitions,"
         f" acks=all, linger.ms=5; median of {args.runs} runs, listeners interleaved;"
         f" confluent-kafka {confluent_kafka.__version__} (librdkafka"
         f" {confluent_kafka.libversion()[0]}), Python {platform.python_version()},"
-        f" {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}.",
+        f" {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}."),
         "",
-        "| listener | produce records/s | produce MB/s | vs PLAINTEXT | broker CPU µs/record"
-        " | consume records/s | consume MB/s | vs PLAINTEXT | broker CPU µs/record |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ("| listener | produce records/s | produce MB/s | vs PLAINTEXT | broker CPU µs/record"
+        " | client CPU µs/record | consume records/s | consume MB/s | vs PLAINTEXT"
+        " | broker CPU µs/record |"),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for protocol in PROTOCOLS:
         cells = [protocol]
@@ -211,6 +214,8 @@ def report(results, args, argv: list[str]) -> str:
             cells += [f"{m.rate():,.0f}", f"{m.rate() * mb:.1f}",
                       f"{m.rate() / base[phase]:.2f}x",
                       f"{m.broker_cpu_s / m.records * 1e6:.2f}"]
+            if phase == "produce":
+                cells.append(f"{m.client_cpu_s / m.records * 1e6:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
