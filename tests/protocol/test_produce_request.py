@@ -28,6 +28,7 @@ from onceflow.protocol.codec import RequestHeader, decode_request, encode_reques
 from onceflow.protocol.errors import ProtocolError, UnsupportedVersion
 from onceflow.protocol.produce_request import ProduceRequest
 from onceflow.protocol.records import SimpleRecord, build_batch
+from onceflow.protocol.walker import _encode_uvarint
 from tests.protocol.golden import GOLDEN_FRAMES
 
 VERSIONS = range(SUPPORTED[ApiKey.PRODUCE][0], SUPPORTED[ApiKey.PRODUCE][1] + 1)
@@ -40,13 +41,7 @@ CLIENT_ID = "client-é"
 CORRUPTIONS = (0x00, 0x01, 0x7F, 0x80, 0xFF)
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+uvarint = _encode_uvarint
 
 
 def kio_bytes(entity: Any) -> bytes:

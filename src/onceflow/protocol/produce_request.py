@@ -40,6 +40,7 @@ import struct
 import uuid
 
 from onceflow.protocol.errors import ProtocolError
+from onceflow.protocol.walker import _read_uvarint
 
 FIRST_VERSION, LAST_VERSION = 3, 13
 _FLEXIBLE_FROM = 9   # compact strings, arrays and bytes; tagged fields
@@ -52,8 +53,6 @@ _ACKS_TIMEOUT_COUNT = struct.Struct(">hii")   # ... and the int32 topic count (v
 _INDEX_LENGTH = struct.Struct(">ii")          # partition index, int32 records length (v3-v8)
 _UUID_BYTES = 16
 _NULL_UUID = bytes(_UUID_BYTES)
-# Kafka encodes unsigned varints of int32 values in at most 5 bytes (as walker.py).
-_UVARINT_BYTES_MAX = 5
 # Timeouts remembered as timedelta values (immutable): peers choose them, so the cache is
 # bounded; clients use one or a few (librdkafka's request.timeout.ms, 30 s by default).
 _TIMEOUTS: dict[int, datetime.timedelta] = {}
@@ -284,16 +283,7 @@ def _uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
         byte = buf[pos]
         if byte < 0x80:  # one byte: every count and length of a small request
             return byte, pos + 1
-    value = 0
-    for shift in range(0, 7 * _UVARINT_BYTES_MAX, 7):
-        if pos >= end:
-            raise _truncated(pos)
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-    raise ProtocolError(f"unsigned varint longer than {_UVARINT_BYTES_MAX} bytes at byte {pos}")
+    return _read_uvarint(buf, pos, end)   # the walker's, same checks and messages
 
 
 def _skip_tagged_fields(buf: memoryview, pos: int, end: int) -> int:
