@@ -117,16 +117,19 @@ def authorize(request: Request, peer: Peer) -> None:
     """ACL checks happen in the handlers, per resource (`RequestContext.authorized`)."""
 
 
+# Answers encoded straight from the handler's dict (the same bytes as kio's; None: a shape
+# they do not cover, which takes the generic path): Produce, and Fetch, which a consumer
+# reading along sends once per record.
+_DIRECT_ENCODERS = {ApiKey.PRODUCE: encode_produce_response, ApiKey.FETCH: encode_fetch_response}
+
+
 def encode(header: RequestHeader, body: dict | None) -> Answer:
     """A handler's plain-data answer as response frame buffers; None: no response."""
     if body is None:
         return None
-    if header.api_key == ApiKey.PRODUCE:   # the hot path of small requests (issue 19)
-        answer = encode_produce_response(header.correlation_id, header.api_version, body)
-        if answer is not None:
-            return answer
-    elif header.api_key == ApiKey.FETCH:   # a consumer reading along fetches per record
-        answer = encode_fetch_response(header.correlation_id, header.api_version, body)
+    direct = _DIRECT_ENCODERS.get(header.api_key)
+    if direct is not None:   # the hot paths of small requests (issue 19)
+        answer = direct(header.correlation_id, header.api_version, body)
         if answer is not None:
             return answer
     return encode_response_chunks(header, build_response(header, **body))

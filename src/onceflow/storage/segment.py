@@ -314,8 +314,8 @@ class Segment:
         first batch's max timestamp (clamped to now), or now when it has none."""
         if self.size_bytes == 0:
             return None
-        first = read_header(os.pread(self.fd, BATCH_HEADER_BYTES, 0))
-        return now_ms if first.max_timestamp < 0 else min(first.max_timestamp, now_ms)
+        return _creation_time(read_header(os.pread(self.fd, BATCH_HEADER_BYTES, 0)).max_timestamp,
+                              now_ms)
 
     # -- recovery -------------------------------------------------------------------------------
 
@@ -361,8 +361,7 @@ class Segment:
             self._max_ts_position = None
         self.next_offset = next_offset if batches else self.base_offset
         # As _first_batch_time, from the header the scan already read
-        self.created_ms = (None if batches == 0 else now_ms if first_max_timestamp < 0
-                           else min(first_max_timestamp, now_ms))
+        self.created_ms = None if batches == 0 else _creation_time(first_max_timestamp, now_ms)
         self.data_dirty = self.index_dirty = True
         self.producer_batches_scanned = producer_batches
         self._read_hints.clear()
@@ -637,3 +636,8 @@ class Segment:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def _creation_time(first_max_timestamp: int, now_ms: int) -> int:
+    """A segment's creation time after a restart, from its first batch's max timestamp."""
+    return now_ms if first_max_timestamp < 0 else min(first_max_timestamp, now_ms)
