@@ -1,3 +1,3 @@
-from onceflow.cli.app import main
+from onceflow.cli.entry import main
 
 main()
