@@ -44,6 +44,7 @@ at the active segment's base, which the cleaner never reaches.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -107,10 +108,21 @@ def _c_readers():
     return keys, records
 
 
-# Same answers either way (tests/storage/test_cleaner.py checks).
-_C_KEYS, _C_RECORDS = _c_readers()
-record_keys = _C_KEYS or batch_keys
-record_list = _C_RECORDS or batch_records
+@functools.cache
+def readers() -> tuple:
+    """(keys, records) readers: aiokafka's when installed, else ours - the same answers
+    either way (tests/storage/test_cleaner.py checks). Chosen on the first cleaning, not at
+    import: importing aiokafka costs a broker start about 60 ms."""
+    keys, records = _c_readers()
+    return keys or batch_keys, records or batch_records
+
+
+def record_keys(batch: bytes) -> list[KeyedRecord]:
+    return readers()[0](batch)
+
+
+def record_list(batch: bytes) -> list[Record]:
+    return readers()[1](batch)
 
 
 class Throttler:
