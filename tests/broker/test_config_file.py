@@ -43,6 +43,7 @@ log.retention.hours=168
 log.retention.minutes : 60
 log.segment.bytes=1073741824
 log.retention.check.interval.ms=300000
+log.flush.offset.checkpoint.interval.ms=30000
 log.cleanup.policy=delete
 log.cleaner.backoff.ms = 500
 log.cleaner.dedupe.buffer.size=\
@@ -60,6 +61,7 @@ def test_a_real_looking_server_properties_gives_its_values():
     assert config.num_partitions == 3 and config.offsets_topic_num_partitions == 5
     assert config.log_cleaner_backoff_ms == 500 == config.offsets_compaction_interval_ms
     assert config.log_cleaner_dedupe_buffer_size == 1048576
+    assert config.recovery_checkpoint_interval_ms == 30_000
     assert config.log_cleaner_io_max_bytes_per_second == 5_000_000
     defaults = dict(config.log_defaults)
     # log.retention.minutes wins over .hours (Kafka's precedence), in milliseconds

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 from onceflow.security.listeners import Listener, parse_advertised, parse_listeners
+from onceflow.storage.checkpoint import RECOVERY_CHECKPOINT_INTERVAL_MS
 
 # socket.request.max.bytes: the largest frame a peer may send. Checked before the
 # body is read, so a hostile length prefix costs nothing.
@@ -41,6 +42,9 @@ class BrokerConfig:
     default_replication_factor: int = 1     # default.replication.factor
     message_max_bytes: int = 1_048_588      # message.max.bytes (topic default)
     retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+    # log.flush.offset.checkpoint.interval.ms: how often every log's recovery point goes to
+    # the recovery checkpoint (storage/checkpoint.py), bounding what a crash re-validates.
+    recovery_checkpoint_interval_ms: int = RECOVERY_CHECKPOINT_INTERVAL_MS
     # The log cleaner of compacted user topics (issue 14), Kafka's names and defaults:
     log_cleaner_enable: bool = True                      # log.cleaner.enable
     log_cleaner_backoff_ms: int = 15_000                 # log.cleaner.backoff.ms

@@ -99,6 +99,7 @@ BROKER_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "message.max.bytes": ("message_max_bytes", _int(0)),
     "socket.request.max.bytes": ("frame_bytes_max", _int(1)),
     "log.retention.check.interval.ms": ("retention_check_interval_ms", _int(1)),
+    "log.flush.offset.checkpoint.interval.ms": ("recovery_checkpoint_interval_ms", _int(1)),
     "quota.window.num": ("quota_window_num", _int(1)),
     "quota.window.size.seconds": ("quota_window_size_seconds", _int(1)),
     "log.cleaner.enable": ("log_cleaner_enable", _bool),

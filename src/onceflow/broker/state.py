@@ -45,7 +45,6 @@ from onceflow.broker.config_file import log_defaults_of
 from onceflow.broker.metrics import BrokerMetrics
 from onceflow.broker.quotas import QUOTAS_FILE, ClientQuotas
 from onceflow.protocol.records import EndTxnMarker, end_txn_marker
-from onceflow.storage.checkpoint import RECOVERY_CHECKPOINT_INTERVAL_MS
 from onceflow.storage.group_commit import GroupCommitter
 from onceflow.storage.layout import StorageError
 from onceflow.storage.log import AppendInfo, PartitionLog, RetentionResult
@@ -339,7 +338,7 @@ class BrokerState:
         waited up to a switch interval to get it back whenever the loop was busy: with
         10,000 partitions and clients retrying, that doubled the pass.)"""
         self._checkpoint_task = asyncio.get_running_loop().create_task(
-            self._checkpoint_every(RECOVERY_CHECKPOINT_INTERVAL_MS), name="onceflow-checkpoint")
+            self._checkpoint_every(self.config.recovery_checkpoint_interval_ms), name="onceflow-checkpoint")
         keys = sorted(self._recovering, key=lambda k: (k[0] not in INTERNAL_TOPICS, k))
         started, pending = time.monotonic(), iter(keys)
         if RECOVERY_GATE is None and not self._recover_slice(

@@ -58,6 +58,8 @@ _BROKER_OWN_DOCS = {
     "auto.create.topics.enable": "Create a topic when a client first uses it.",
     "socket.request.max.bytes": "Largest request a client may send.",
     "log.retention.check.interval.ms": "Time between two retention passes over every log.",
+    "log.flush.offset.checkpoint.interval.ms": "Time between two writes of every log's "
+                                               "recovery point to the recovery checkpoint.",
     "quota.window.num": "Samples kept to measure a client's rate.",
     "quota.window.size.seconds": "Length of one quota sample.",
     "log.cleaner.enable": "Run the log cleaner that compacts logs.",
