@@ -116,6 +116,37 @@ def test_truncated_body_refused() -> None:
             decode_request(frame[:cut])
 
 
+def _header(api_key: int, version: int) -> bytes:
+    return struct.pack(">hhih", api_key, version, 7, 1) + b"t"
+
+
+@pytest.mark.parametrize("version", [1, 4, 9, 12])
+def test_a_null_where_kafka_allows_one_is_read_as_none(version: int) -> None:
+    # Metadata's topics is nullable from v1 ("all topics").
+    assert decode_request(metadata_request(version, None)).body.topics is None
+
+
+def test_a_null_where_kafka_allows_none_is_refused() -> None:
+    # Kafka's generated readers: "non-nullable field ... was serialized as null".
+    null32, null16 = b"\xff\xff\xff\xff", b"\xff\xff"
+    refused = {
+        "Metadata v0 topics (int32 count)": _header(3, 0) + null32,
+        "Metadata v1 topic name (int16 length)": _header(3, 1) + b"\x00\x00\x00\x01" + null16,
+        "Metadata v9 topic name (compact)": _header(3, 9) + b"\x00" + b"\x02" + b"\x00",
+        "Fetch v4 topics": _header(1, 4) + struct.pack(">iiiib", -1, 500, 1, 1 << 20, 0) + null32,
+        "Fetch v12 topics (compact)": _header(1, 12) + b"\x00" + struct.pack(
+            ">iiiibii", -1, 500, 1, 1 << 20, 0, 0, -1) + b"\x00",
+        "SaslAuthenticate v0 auth_bytes (int32 length)": _header(36, 0) + null32,
+    }
+    for name, frame in refused.items():
+        with pytest.raises(ProtocolError, match="null in a non-nullable field"):
+            decode_request(frame)
+            pytest.fail(name)
+    # The same frames with an empty value instead of the null are read.
+    assert decode_request(_header(3, 0) + b"\x00\x00\x00\x00").body.topics == ()
+    assert decode_request(_header(36, 0) + b"\x00\x00\x00\x00").body.auth_bytes == b""
+
+
 def test_invalid_utf8_in_body_is_a_protocol_error() -> None:
     frame = metadata_request(9, ["ab"])  # flexible, topic name is compact string
     with pytest.raises(ProtocolError):

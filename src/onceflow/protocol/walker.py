@@ -131,7 +131,13 @@ _STRING16 = 1  # int16 length, -1 = null
 _BYTES32 = 2  # int32 length, -1 = null
 _COMPACT = 3  # unsigned varint length + 1, 0 = null
 _ENTITY = 4  # argument: _Shape; flag: preceded by an int8 null marker
-_ARRAY = 5  # argument: element step; flag: compact (varint count + 1) or int32 count
+_ARRAY = 5  # argument: element step; flag: _ARRAY_COMPACT | _ARRAY_NULLABLE bits
+# A _STRING16, _BYTES32 or _COMPACT step's flag: whether null is allowed (the field's
+# nullableVersions hold this version). Kafka's generated readers refuse a null in a field
+# that is not ("non-nullable field ... was serialized as null"), and so does the walker:
+# kio would read None into a field its handler takes for a value.
+_ARRAY_COMPACT = 1  # varint count + 1, else int32 count
+_ARRAY_NULLABLE = 2  # a count of -1 (null) is allowed
 # The argument of a _BYTES32 or _COMPACT step that is a nullable records field: the
 # walker may cut it out of the body (see "Records are not copied" above).
 _CUTTABLE_RECORDS = True
@@ -157,11 +163,12 @@ def _primitive_step(info: _FieldInfo, flexible: bool) -> _Step:
     kafka_type = info.kafka_type
     if kafka_type in _FIXED_BYTES:
         return (_FIXED, _FIXED_BYTES[kafka_type], False)
+    nullable = info.nullable and not info.is_array  # an array's own nullability is its step's
     if kafka_type == "string":
-        return (_COMPACT, None, False) if flexible else (_STRING16, None, False)
+        return (_COMPACT, None, nullable) if flexible else (_STRING16, None, nullable)
     if kafka_type in ("bytes", "records"):
         cuttable = _CUTTABLE_RECORDS if _is_cuttable_records(info) else None
-        return (_COMPACT, cuttable, False) if flexible else (_BYTES32, cuttable, False)
+        return (_COMPACT, cuttable, nullable) if flexible else (_BYTES32, cuttable, nullable)
     raise RuntimeError(f"kio kafka_type {kafka_type!r} is unknown to the bounds walker")
 
 
@@ -178,7 +185,8 @@ def _shape(entity_type: type) -> _Shape:
         else:
             step = _primitive_step(info, flexible)
         if info.is_array:
-            step = (_ARRAY, step, flexible)
+            step = (_ARRAY, step, (_ARRAY_COMPACT if flexible else 0)
+                    | (_ARRAY_NULLABLE if info.nullable else 0))
         if info.tag is None:
             fields.append(step)
         else:
@@ -208,6 +216,10 @@ _NULL_COMPACT = b"\x00"
 
 def _truncated(pos: int) -> ProtocolError:
     return ProtocolError(f"request truncated at byte {pos}")
+
+
+def _null_refused(pos: int) -> ProtocolError:
+    return ProtocolError(f"null in a non-nullable field ending at byte {pos}")
 
 
 def _read_uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -249,10 +261,14 @@ def _walk(
         return pos + argument
     if kind == _STRING16:
         length, pos = _read_fixed(_INT16, buf, pos, end)
+        if length == -1 and not flag:
+            raise _null_refused(pos)
         return _skip(length, pos, end)
     if kind == _BYTES32:
         field_start = pos
         length, pos = _read_fixed(_INT32, buf, pos, end)
+        if length == -1 and not flag:
+            raise _null_refused(pos)
         field_end = _skip(length, pos, end)
         if argument is _CUTTABLE_RECORDS and cuts is not None:
             _cut_records(buf, field_start, pos, field_end, length >= 0, _NULL_BYTES32, edits, cuts)
@@ -260,6 +276,8 @@ def _walk(
     if kind == _COMPACT:
         field_start = pos
         length, pos = _read_uvarint(buf, pos, end)
+        if length == 0 and not flag:
+            raise _null_refused(pos)
         field_end = _skip(length - 1, pos, end)
         if argument is _CUTTABLE_RECORDS and cuts is not None:
             _cut_records(buf, field_start, pos, field_end, length > 0, _NULL_COMPACT, edits, cuts)
@@ -286,14 +304,16 @@ def _cut_records(
 
 
 def _walk_array(
-    element: _Step, compact: bool, buf: memoryview, pos: int, end: int, edits: list[_Edit],
+    element: _Step, flags: int, buf: memoryview, pos: int, end: int, edits: list[_Edit],
     cuts: list[memoryview | None] | None = None,
 ) -> int:
-    if compact:
+    if flags & _ARRAY_COMPACT:
         count, pos = _read_uvarint(buf, pos, end)
         count -= 1
     else:
         count, pos = _read_fixed(_INT32, buf, pos, end)
+    if count == -1 and not flags & _ARRAY_NULLABLE:
+        raise _null_refused(pos)
     if count < -1 or count > end - pos:
         # Kafka's rule too: a count above the bytes left cannot be honest, and
         # kio would reserve memory for it before noticing.
