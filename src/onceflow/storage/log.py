@@ -373,11 +373,15 @@ class PartitionLog:
         with self._lock:
             self._check_writable()
             start = max(bisect_right(self._bases, offset) - 1, 0)
+            dropped = 0
             try:
-                return sum(seg.txn_index.truncate_from(offset) for seg in self._segments[start:])
+                for seg in self._segments[start:]:
+                    if len(seg.txn_index):  # most segments never saw an aborted transaction
+                        dropped += seg.txn_index.truncate_from(offset)
             except OSError as exc:
                 self._fail(exc, "transaction index truncation")
                 raise LogFailedError(f"{self.directory.name}: txn index write: {exc}") from exc
+            return dropped
 
     # -- durability -----------------------------------------------------------------------------
 

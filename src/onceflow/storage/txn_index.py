@@ -111,10 +111,12 @@ class TxnIndex:
         self.file = os.fspath(path)  # a str: segments build it without pathlib (segment.py)
         self.fd = -1  # opened when the file exists or the first entry is written
         self.dirty = False  # written since the last fsync
-        self._producer_ids = array("q")
-        self._first_offsets = array("q")
-        self._last_offsets = array("q")
-        self._stable_offsets = array("q")
+        # The four columns; the empty tuple until the first entry (most segments never get
+        # one, and a restart creates thousands of these: no arrays for the collector to walk).
+        self._producer_ids: array | tuple = ()
+        self._first_offsets: array | tuple = ()
+        self._last_offsets: array | tuple = ()
+        self._stable_offsets: array | tuple = ()
 
     def __len__(self) -> int:
         return len(self._last_offsets)
@@ -211,15 +213,17 @@ class TxnIndex:
     # -- internals --------------------------------------------------------------------------
 
     def _add(self, txn: AbortedTxn) -> None:
+        if not self._last_offsets:
+            self._producer_ids, self._first_offsets = array("q"), array("q")
+            self._last_offsets, self._stable_offsets = array("q"), array("q")
         self._producer_ids.append(txn.producer_id)
         self._first_offsets.append(txn.first_offset)
         self._last_offsets.append(txn.last_offset)
         self._stable_offsets.append(txn.last_stable_offset)
 
     def _replace(self, entries: list[AbortedTxn]) -> None:
-        for column in (self._producer_ids, self._first_offsets, self._last_offsets,
-                       self._stable_offsets):
-            del column[:]
+        self._producer_ids = self._first_offsets = self._last_offsets = ()
+        self._stable_offsets = ()
         for txn in entries:
             self._add(txn)
 
