@@ -605,9 +605,14 @@ class PartitionLog:
 
     # -- lifetime -------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, state_file: bool = True) -> None:
         """Flushes everything and writes the clean-shutdown state, so the next open skips the
-        scan. A failed log is closed without the clean flag (it will be recovered)."""
+        scan. A failed log is closed without the clean flag (it will be recovered).
+        `state_file=False` (Store.close): the clean state goes only into the store's recovery
+        checkpoint (`checkpoint_state`), the one place a store believes a clean flag; the
+        state file keeps the log start it was last written with (every move of the log start
+        writes it durably), so skipping it changes nothing a restart relies on and saves two
+        fsyncs per log (see the "Shutdown" section of docs/logs.md)."""
         with self._flush_lock:
             with self._lock:
                 if self._closed:
@@ -618,13 +623,22 @@ class PartitionLog:
             try:
                 if not failed:
                     self._flush_locked()
-                    self._write_state(clean=True)
+                    if state_file:
+                        self._write_state(clean=True)
                     self._closed_cleanly = True
             finally:
                 with self._lock:
                     self._closed = True
                     for seg in self._segments:
                         seg.close()
+
+    def write_closed_state(self) -> None:
+        """The clean state file that `close(state_file=False)` left out: Store.close writes
+        it when its recovery checkpoint could not be written, so that the next start still
+        re-validates no more than each log's last segment."""
+        with self._flush_lock:
+            if self._closed_cleanly:
+                self._write_state(clean=True)
 
     def discard(self) -> None:
         """Closes without flushing (the partition is being deleted)."""
