@@ -51,7 +51,7 @@ def test_rescan_leaves_no_descriptor_and_the_log_works_on(open_log, tmp_path):
     stored = fill(log, 40)
     log.discard()
     directory = tmp_path / "t-0"
-    last = sorted(directory.glob("*.log"))[-1]
+    last = max(directory.glob("*.log"))
     with open(last, "ab") as f:  # a torn tail: the scan must truncate through its descriptor
         f.write(stored[-1][:30])
     open_before = len(OPEN_FILES)
