@@ -202,9 +202,9 @@ def _load(
         )
     if dropped:
         logger.info("%s: deleted %d segments below the log start %d", directory, dropped, log_start)
-    report = report._replace(
-        clean_shutdown=clean, segments_dropped=report.segments_dropped + dropped,
-        first_scanned=first_scanned,
+    report = RecoveryReport(  # built directly: NamedTuple._replace costs more (per log)
+        clean, report.segments_scanned, report.bytes_scanned, report.bytes_truncated,
+        report.segments_dropped + dropped, report.problem, first_scanned,
     )
     return segments, max(log_start, segments[0].base_offset), report
 
@@ -228,7 +228,7 @@ def _load_segments(directory, config, bases, first_scan, now_ms, names):
             continue
         result = _recover_segment(seg, expected, now_ms)
         scanned.append(seg)
-        report = _merge(report, result)
+        report = result if len(scanned) == 1 else _merge(report, result)  # first: report is empty
         if result.bytes_truncated:  # later segments would not continue a valid prefix
             dropped = _delete_bases(directory, bases[i + 1 :])
             report = report._replace(segments_dropped=report.segments_dropped + dropped)

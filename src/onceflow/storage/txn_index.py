@@ -166,7 +166,8 @@ class TxnIndex:
         once the bytes are written."""
         previous = self._last_offsets[-1] if self._last_offsets else None
         assert previous is None or txn.last_offset > previous, (
-            f"{os.path.basename(self.file)}: aborted transaction at {txn.last_offset} after {previous}")
+            f"{os.path.basename(self.file)}: aborted transaction at {txn.last_offset} "
+            f"after {previous}")
         if self.fd < 0:
             self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         write_fully(self.fd, encode_entry(txn), len(self) * ENTRY_BYTES)
