@@ -6,6 +6,7 @@ missing or stale checkpoint costs a longer scan, never data."""
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from pathlib import Path
 
 import pytest
@@ -120,14 +121,59 @@ def test_damaged_checkpoint_falls_back_to_a_full_scan(data_dir, stop, damage):
     else:
         path.unlink()
 
+    # A clean stop leaves the state file as it was (the checkpoint carries the clean state):
+    # without the checkpoint both stops re-validate from the state file's recovery point,
+    # the bound of a kill -9 (RECOVERY_CHECKPOINT_BYTES past it, here nothing checkpointed).
+    recovery_point = read_partition_state(data_dir / f"{TOPIC}-0").recovery_point_offset
     store = Store(data_dir, NOW_MS)
     log = store.partition(TOPIC, 0)
     report = log.recovery
     assert not report.clean_shutdown  # a state file's clean flag alone is not believed
-    if stop == "kill":  # nothing checkpointed in the state file: every segment re-validated
-        assert report.segments_scanned == len(log.segment_base_offsets) > 1
-    else:  # the state file's recovery point (the end at close): the last segment
-        assert report.segments_scanned == 1
+    bases = log.segment_base_offsets
+    trusted = max(bisect_left(bases, recovery_point) - 1, 0)
+    assert report.segments_scanned == len(bases) - trusted and len(bases) > 1
+    assert_log_is(store, 0, stored)
+    store.close()
+
+
+def test_clean_stop_writes_no_state_file_and_keeps_the_log_start(data_dir):
+    store = Store(data_dir, NOW_MS)
+    stored = fill(store, 0, 30)
+    log = store.partition(TOPIC, 0)
+    log_start = read_header(stored[9]).base_offset
+    assert log.delete_records_before(log_start) == log_start  # durable when it returns
+    state_file = data_dir / f"{TOPIC}-0" / PARTITION_STATE_FILE
+    before = os.stat(state_file)
+    store.close()
+    after = os.stat(state_file)  # the checkpoint carries the clean state, not the file
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    (data_dir / RECOVERY_CHECKPOINT_FILE).unlink()  # lost: the state file must still do
+
+    store = Store(data_dir, NOW_MS)
+    log = store.partition(TOPIC, 0)
+    assert not log.recovery.clean_shutdown
+    assert log.log_start_offset == log_start
+    assert split_batches(log.read(log_start, 1 << 30, 1 << 62)) == stored[9:]
+    store.close()
+
+
+def test_a_failed_checkpoint_at_close_falls_back_to_state_files(data_dir, monkeypatch):
+    store = Store(data_dir, NOW_MS)
+    stored = fill(store, 0, 30)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("onceflow.storage.store.write_recovery_checkpoint", disk_full)
+    with pytest.raises(OSError):
+        store.close()
+    monkeypatch.undo()
+    state = read_partition_state(data_dir / f"{TOPIC}-0")
+    assert state.clean_shutdown and state.recovery_point_offset == len(stored) * 3
+
+    store = Store(data_dir, NOW_MS)  # the checkpoint is the last periodic one (none here)
+    log = store.partition(TOPIC, 0)
+    assert not log.recovery.clean_shutdown and log.recovery.segments_scanned == 1
     assert_log_is(store, 0, stored)
     store.close()
 

@@ -10,6 +10,9 @@ partition, log start, recovery point, log end and active segment bytes (a `Parti
 * `Store.close` writes it with `clean` set after every log closed (flushed): the next start
   takes each log's state from it, trusts every segment whose files match it, and reads
   nothing else per log before loading the segments (no `partition.state` read, no rewrite).
+  The logs' state files are not rewritten at that close (this file is their clean state;
+  docs/logs.md "Shutdown" says why nothing a restart needs is lost), unless writing this
+  file fails.
 * The broker writes it every `RECOVERY_CHECKPOINT_INTERVAL_MS` with `clean` unset: after a
   crash each log re-validates only from the newer of its own `partition.state` recovery point
   and the checkpoint's, so a log with nothing past its recovery point needs no scan beyond

@@ -56,15 +56,15 @@ def _strictly_increasing(values: array) -> bool:
     return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
-def _open_rw(path: Path) -> int:
+def _open_rw(path: str | Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
-def _read_all(path: Path) -> bytes:
+def _read_all(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise IndexCorrupt(f"{path.name} is missing") from None
+        raise IndexCorrupt(f"{os.path.basename(path)} is missing") from None
     try:
         size = os.fstat(fd).st_size
         data = os.pread(fd, size, 0)
@@ -80,8 +80,8 @@ class _IndexFile:
 
     entry_bytes: int
 
-    def __init__(self, path: Path, max_entries: int, exists: bool = False) -> None:
-        self.path = path
+    def __init__(self, path: str | Path, max_entries: int, exists: bool = False) -> None:
+        self.file = os.fspath(path)  # a str: segments build it without pathlib (segment.py)
         self.max_entries = max_entries
         self.persisted = 0  # entries already in the file
         # The whole file is rewritten by the next persist (after a recovery rebuild): the
@@ -90,7 +90,15 @@ class _IndexFile:
         # rebuilds the index again instead of loading the stale file.
         self._rewrite_pending = False
         if not exists:  # the file exists from the start, as the segment's other files
-            os.close(_open_rw(path))
+            os.close(_open_rw(self.file))
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.file)
 
     def _entries_bytes(self, start: int) -> bytes:
         raise NotImplementedError
@@ -109,7 +117,7 @@ class _IndexFile:
             self._rewrite_pending = False
         elif self.persisted < self._count():
             data = self._entries_bytes(self.persisted)
-            fd = _open_rw(self.path)
+            fd = _open_rw(self.file)
             try:
                 write_fully(fd, data, self.persisted * self.entry_bytes)
             finally:
@@ -120,11 +128,11 @@ class _IndexFile:
         """Writes what is pending and returns a new descriptor of the file for an fsync
         (the caller closes it)."""
         self.persist()
-        return _open_rw(self.path)
+        return _open_rw(self.file)
 
     def _truncate_file(self, keep: int) -> None:
         if keep < self.persisted:
-            fd = _open_rw(self.path)
+            fd = _open_rw(self.file)
             try:
                 os.ftruncate(fd, keep * self.entry_bytes)
             finally:
@@ -132,7 +140,7 @@ class _IndexFile:
             self.persisted = keep
 
     def _rewrite_file(self, data: bytes | bytearray) -> None:
-        fd = _open_rw(self.path)
+        fd = _open_rw(self.file)
         try:
             os.ftruncate(fd, 0)
             write_fully(fd, data, 0)
@@ -146,7 +154,7 @@ class _IndexFile:
         try:
             self.persist()
         except OSError as exc:
-            logger.warning("could not write %s at close: %s", self.path, exc)
+            logger.warning("could not write %s at close: %s", self.file, exc)
 
 
 class OffsetIndex(_IndexFile):
@@ -168,16 +176,16 @@ class OffsetIndex(_IndexFile):
 
     def load(self) -> None:
         """Reads the file into memory; raises IndexCorrupt if it cannot be trusted."""
-        data = _read_all(self.path)
+        data = _read_all(self.file)
         if len(data) % OFFSET_ENTRY_BYTES:
-            raise IndexCorrupt(f"{self.path.name}: {len(data)} bytes is not a whole entry count")
+            raise IndexCorrupt(f"{self.name}: {len(data)} bytes is not a whole entry count")
         words = array("I")
         words.frombytes(data)
         if _SWAP:
             words.byteswap()
         rel_offsets, positions = words[0::2], words[1::2]
         if not (_strictly_increasing(rel_offsets) and _strictly_increasing(positions)):
-            raise IndexCorrupt(f"{self.path.name}: entries are not strictly increasing")
+            raise IndexCorrupt(f"{self.name}: entries are not strictly increasing")
         self.rel_offsets, self.positions = rel_offsets, positions
         self.persisted = len(positions)
 
@@ -207,7 +215,7 @@ class OffsetIndex(_IndexFile):
         last = self.last()
         for rel_offset, position in entries:
             if last is not None and (rel_offset <= last[0] or position <= last[1]):
-                raise AssertionError(f"{self.path.name}: entry {rel_offset, position} after {last}")
+                raise AssertionError(f"{self.name}: entry {rel_offset, position} after {last}")
             last = (rel_offset, position)
         for rel_offset, position in entries:
             self.rel_offsets.append(rel_offset)
@@ -253,9 +261,9 @@ class TimeIndex(_IndexFile):
                         zip(self.timestamps[start:], self.rel_offsets[start:], strict=True))
 
     def load(self) -> None:
-        data = _read_all(self.path)
+        data = _read_all(self.file)
         if len(data) % TIME_ENTRY_BYTES:
-            raise IndexCorrupt(f"{self.path.name}: {len(data)} bytes is not a whole entry count")
+            raise IndexCorrupt(f"{self.name}: {len(data)} bytes is not a whole entry count")
         count = len(data) // TIME_ENTRY_BYTES
         # De-interleave the 12-byte records with strided byte copies (C speed, no Python loop
         # over entries): bytes k of every timestamp, then bytes k of every relative offset.
@@ -269,7 +277,7 @@ class TimeIndex(_IndexFile):
             timestamps.byteswap()
             rel_offsets.byteswap()
         if not (_strictly_increasing(timestamps) and _strictly_increasing(rel_offsets)):
-            raise IndexCorrupt(f"{self.path.name}: entries are not strictly increasing")
+            raise IndexCorrupt(f"{self.name}: entries are not strictly increasing")
         self.timestamps, self.rel_offsets = timestamps, rel_offsets
         self.persisted = count
 
@@ -297,7 +305,7 @@ class TimeIndex(_IndexFile):
         for timestamp_ms, rel_offset in entries:
             if last is not None and (timestamp_ms <= last[0] or rel_offset <= last[1]):
                 raise AssertionError(
-                    f"{self.path.name}: entry {timestamp_ms, rel_offset} after {last}"
+                    f"{self.name}: entry {timestamp_ms, rel_offset} after {last}"
                 )
             last = (timestamp_ms, rel_offset)
         for timestamp_ms, rel_offset in entries:

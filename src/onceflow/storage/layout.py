@@ -278,7 +278,7 @@ def write_checked_file(path: Path, magic: bytes, version: int, payload: bytes,
 _READ_CHUNK_BYTES = 64 * 1024
 
 
-def _read_at_most(path: Path, limit_bytes: int) -> bytes:
+def _read_at_most(path: str | Path, limit_bytes: int) -> bytes:
     """Up to `limit_bytes` of the file, with plain system calls (open, read until the end,
     close: a small state file costs four, where a buffered file object costs seven)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -296,7 +296,7 @@ def _read_at_most(path: Path, limit_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def read_checked_file(path: Path, magic: bytes, versions: tuple[int, ...]) -> tuple[int, bytes]:
+def read_checked_file(path: str | Path, magic: bytes, versions: tuple[int, ...]) -> tuple[int, bytes]:
     """(version, payload) of a checked file; raises FileNotFoundError or CorruptFileError."""
     data = _read_at_most(path, CHECKED_HEADER.size + CHECKED_PAYLOAD_BYTES_MAX + 1)
     if len(data) < CHECKED_HEADER.size:
@@ -328,7 +328,7 @@ def write_partition_state(directory: Path, state: PartitionState, fsync: bool = 
 
 def read_partition_state(directory: Path) -> PartitionState | None:
     """The persisted state, or None when there is none. Raises CorruptFileError."""
-    path = directory / PARTITION_STATE_FILE
+    path = f"{directory}/{PARTITION_STATE_FILE}"  # no pathlib join: read once per log open
     try:
         _, payload = read_checked_file(path, PARTITION_STATE_MAGIC, (PARTITION_STATE_VERSION,))
     except FileNotFoundError:

@@ -373,11 +373,15 @@ class PartitionLog:
         with self._lock:
             self._check_writable()
             start = max(bisect_right(self._bases, offset) - 1, 0)
+            dropped = 0
             try:
-                return sum(seg.txn_index.truncate_from(offset) for seg in self._segments[start:])
+                for seg in self._segments[start:]:
+                    if len(seg.txn_index):  # most segments never saw an aborted transaction
+                        dropped += seg.txn_index.truncate_from(offset)
             except OSError as exc:
                 self._fail(exc, "transaction index truncation")
                 raise LogFailedError(f"{self.directory.name}: txn index write: {exc}") from exc
+            return dropped
 
     # -- durability -----------------------------------------------------------------------------
 
@@ -601,9 +605,14 @@ class PartitionLog:
 
     # -- lifetime -------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, state_file: bool = True) -> None:
         """Flushes everything and writes the clean-shutdown state, so the next open skips the
-        scan. A failed log is closed without the clean flag (it will be recovered)."""
+        scan. A failed log is closed without the clean flag (it will be recovered).
+        `state_file=False` (Store.close): the clean state goes only into the store's recovery
+        checkpoint (`checkpoint_state`), the one place a store believes a clean flag; the
+        state file keeps the log start it was last written with (every move of the log start
+        writes it durably), so skipping it changes nothing a restart relies on and saves two
+        fsyncs per log (see the "Shutdown" section of docs/logs.md)."""
         with self._flush_lock:
             with self._lock:
                 if self._closed:
@@ -614,13 +623,22 @@ class PartitionLog:
             try:
                 if not failed:
                     self._flush_locked()
-                    self._write_state(clean=True)
+                    if state_file:
+                        self._write_state(clean=True)
                     self._closed_cleanly = True
             finally:
                 with self._lock:
                     self._closed = True
                     for seg in self._segments:
                         seg.close()
+
+    def write_closed_state(self) -> None:
+        """The clean state file that `close(state_file=False)` left out: Store.close writes
+        it when its recovery checkpoint could not be written, so that the next start still
+        re-validates no more than each log's last segment."""
+        with self._flush_lock:
+            if self._closed_cleanly:
+                self._write_state(clean=True)
 
     def discard(self) -> None:
         """Closes without flushing (the partition is being deleted)."""

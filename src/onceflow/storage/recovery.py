@@ -128,22 +128,36 @@ def create_log_files(directory: Path, config: LogConfig) -> tuple[list[Segment],
 
 def _clean_directory(directory: Path, names: list[str]) -> tuple[list[int], list[str]]:
     """Removes temp files and indexes without a .log; returns the segment base offsets and
-    the names left."""
-    bases = sorted(b for b in (parse_segment_name(n, LOG_SUFFIX) for n in names) if b is not None)
-    have = set(bases)
+    the names left. One pass over the listing: the common names (.log, partition.state)
+    cost one suffix test each, only the others are parsed."""
+    bases: list[int] = []
+    indexes: list[tuple[int, str]] = []  # (base, name) of every segment index file
     removed: list[str] = []
     for name in names:
-        if name.endswith(LOG_SUFFIX) or name == PARTITION_STATE_FILE:
-            continue  # the common names first: no suffix parsing for them
-        index_base = next((b for b in (parse_segment_name(name, suffix)
-                                       for suffix in _SEGMENT_INDEX_SUFFIXES) if b is not None),
-                          None)
-        if name.endswith(TMP_SUFFIX) or (index_base is not None and index_base not in have):
-            os.unlink(directory / name)
+        if name.endswith(LOG_SUFFIX):
+            base = parse_segment_name(name, LOG_SUFFIX)
+            if base is not None:
+                bases.append(base)
+        elif name == PARTITION_STATE_FILE:
+            continue
+        elif name.endswith(TMP_SUFFIX):
             removed.append(name)
+        else:
+            for suffix in _SEGMENT_INDEX_SUFFIXES:
+                base = parse_segment_name(name, suffix)
+                if base is not None:
+                    indexes.append((base, name))
+                    break
+    if indexes:
+        have = set(bases)
+        removed.extend(name for base, name in indexes if base not in have)
+    bases.sort()
     if removed:
+        for name in removed:
+            os.unlink(os.path.join(directory, name))
         fsync_dir(directory)
-        names = [n for n in names if n not in removed]
+        gone = set(removed)
+        names = [n for n in names if n not in gone]
     return bases, names
 
 
@@ -188,9 +202,9 @@ def _load(
         )
     if dropped:
         logger.info("%s: deleted %d segments below the log start %d", directory, dropped, log_start)
-    report = report._replace(
-        clean_shutdown=clean, segments_dropped=report.segments_dropped + dropped,
-        first_scanned=first_scanned,
+    report = RecoveryReport(  # built directly: NamedTuple._replace costs more (per log)
+        clean, report.segments_scanned, report.bytes_scanned, report.bytes_truncated,
+        report.segments_dropped + dropped, report.problem, first_scanned,
     )
     return segments, max(log_start, segments[0].base_offset), report
 
@@ -214,7 +228,7 @@ def _load_segments(directory, config, bases, first_scan, now_ms, names):
             continue
         result = _recover_segment(seg, expected, now_ms)
         scanned.append(seg)
-        report = _merge(report, result)
+        report = result if len(scanned) == 1 else _merge(report, result)  # first: report is empty
         if result.bytes_truncated:  # later segments would not continue a valid prefix
             dropped = _delete_bases(directory, bases[i + 1 :])
             report = report._replace(segments_dropped=report.segments_dropped + dropped)

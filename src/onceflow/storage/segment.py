@@ -56,13 +56,13 @@ from onceflow.storage.layout import (
     MAX_TIMESTAMP_OFFSET,
     NO_TIMESTAMP,
     OFFSET_AND_EPOCH_FIELDS,
+    SEGMENT_NAME_DIGITS,
     TIME_INDEX_SUFFIX,
     BatchHeader,
     CorruptLogError,
     first_record_at_or_after,
     header_problem,
     read_header,
-    segment_path,
 )
 from onceflow.storage.open_files import OPEN_FILES
 from onceflow.storage.txn_index import TXN_INDEX_SUFFIX, TxnIndex
@@ -187,17 +187,20 @@ class Segment:
         names: frozenset[str] | set[str] = frozenset(),
     ):
         self.base_offset = base_offset
-        # One path parse per segment: its other files differ only in the suffix.
-        self.log_path = log_path = segment_path(directory, base_offset, LOG_SUFFIX)
+        # Plain string paths, built once per segment: a restart opens thousands of segments,
+        # and pathlib joins cost more there than the system calls (`log_path` is a Path).
+        stem = f"{base_offset:0{SEGMENT_NAME_DIGITS}d}"
+        prefix = f"{directory}/{stem}"
+        self.log_file = prefix + LOG_SUFFIX
         self._fd = -1  # open only while in the OPEN_FILES LRU; `fd` reopens it on demand
         # The lock that guards every file access of this segment (its PartitionLog's); None
         # while it has no owner, and then the LRU never closes its descriptor.
         self.guard: threading.Lock | None = None
-        index_path = log_path.with_suffix(INDEX_SUFFIX)
-        self.offset_index = OffsetIndex(index_path, index_entries_max, index_path.name in names)
-        time_path = log_path.with_suffix(TIME_INDEX_SUFFIX)
-        self.time_index = TimeIndex(time_path, index_entries_max, time_path.name in names)
-        self.txn_index = TxnIndex(log_path.with_suffix(TXN_INDEX_SUFFIX))
+        self.offset_index = OffsetIndex(prefix + INDEX_SUFFIX, index_entries_max,
+                                        stem + INDEX_SUFFIX in names)
+        self.time_index = TimeIndex(prefix + TIME_INDEX_SUFFIX, index_entries_max,
+                                    stem + TIME_INDEX_SUFFIX in names)
+        self.txn_index = TxnIndex(prefix + TXN_INDEX_SUFFIX)
         self.builder = IndexBuilder(interval_bytes)
         self.size_bytes = 0
         self.next_offset = base_offset  # exclusive end offset of the data in this segment
@@ -218,9 +221,12 @@ class Segment:
         cls, directory: Path, base_offset: int, interval_bytes: int, index_entries_max: int
     ) -> Segment:
         seg = cls(directory, base_offset, interval_bytes, index_entries_max)
-        seg._fd = os.open(seg.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        seg._fd = os.open(seg.log_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         OPEN_FILES.touch(seg)
-        seg.txn_index.path.unlink(missing_ok=True)  # an orphan of a deleted segment: stale
+        try:
+            os.unlink(seg.txn_index.file)  # an orphan of a deleted segment: stale
+        except FileNotFoundError:
+            pass
         seg.data_dirty = True
         return seg
 
@@ -233,9 +239,13 @@ class Segment:
         empty segment costs no descriptor. `names`: the directory's listing when the caller
         has it (spares a lookup per index file)."""
         seg = cls(directory, base_offset, interval_bytes, index_entries_max, names or frozenset())
-        if names is None or seg.txn_index.path.name in names:
+        if names is None or f"{base_offset:0{SEGMENT_NAME_DIGITS}d}{TXN_INDEX_SUFFIX}" in names:
             seg.txn_index.load()
         return seg
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.log_file)
 
     @property
     def fd(self) -> int:
@@ -243,8 +253,8 @@ class Segment:
         Raises OSError (EMFILE, ENFILE) when no descriptor can be had."""
         if self._fd < 0:
             if self.closed:
-                raise ValueError(f"{self.log_path}: segment is closed")
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
+                raise ValueError(f"{self.log_file}: segment is closed")
+            self._fd = os.open(self.log_file, os.O_RDWR | os.O_CLOEXEC)
             OPEN_FILES.touch(self, reopened=True)
         else:
             OPEN_FILES.touch(self)
@@ -263,7 +273,7 @@ class Segment:
     def file_bytes(self) -> int:
         """The `.log` file's size (a stat of the path when no descriptor is open yet)."""
         if self._fd < 0 and not self.closed:
-            return os.stat(self.log_path).st_size
+            return os.stat(self.log_file).st_size
         return os.fstat(self.fd).st_size
 
     def load_trusted(self, now_ms: int) -> bool:
@@ -320,14 +330,30 @@ class Segment:
     # -- recovery -------------------------------------------------------------------------------
 
     def recover(self, expected_offset: int, now_ms: int) -> ScanResult:
-        """Validates every batch, truncates at the first bad byte, rebuilds both indexes."""
-        size = self.file_bytes()
+        """Validates every batch, truncates at the first bad byte, rebuilds both indexes.
+        Reads through a descriptor of its own, closed when done, unless the segment has one
+        open: a scan at open reads the file once, so it neither enters nor churns the
+        OPEN_FILES LRU (the first append or fetch opens the file as usual)."""
+        own = self._fd < 0
+        fd = os.open(self.log_file, os.O_RDWR | os.O_CLOEXEC) if own else self._fd
+        try:
+            size = os.fstat(fd).st_size
+            result = self._recover_from(fd, size, expected_offset, now_ms)
+        finally:
+            if own:
+                os.close(fd)
+        return result
+
+    def _recover_from(self, fd: int, size: int, expected_offset: int, now_ms: int) -> ScanResult:
         builder = IndexBuilder(self.builder.interval_bytes)
         self._max_ts_position = None
         rels, poss, tss, trels = array("I"), array("I"), array("q"), array("I")
         pos, next_offset, batches, problem = 0, max(expected_offset, self.base_offset), 0, None
         first_max_timestamp, producer_batches = NO_TIMESTAMP, 0
-        for item in self._scan(size, next_offset):
+        offsets: list[tuple[int, int]] = []
+        times: list[tuple[int, int]] = []
+        base_offset = self.base_offset
+        for item in self._scan(fd, size, next_offset):
             if isinstance(item, str):
                 problem = item
                 break
@@ -336,23 +362,25 @@ class Segment:
                 first_max_timestamp = header.max_timestamp
             if header.producer_id >= 0:
                 producer_batches += 1
-            offsets: list[tuple[int, int]] = []
-            times: list[tuple[int, int]] = []
-            rel = header.base_offset - self.base_offset
             if header.max_timestamp > builder.max_timestamp_ms:
                 self._max_ts_position = pos
-            builder.observe(rel, pos, header.size_bytes, header.max_timestamp, offsets, times)
-            for r, p in offsets:
-                rels.append(r)
-                poss.append(p)
-            for t, r in times:
-                tss.append(t)
-                trels.append(r)
+            builder.observe(header.base_offset - base_offset, pos, header.size_bytes,
+                            header.max_timestamp, offsets, times)
+            if offsets:
+                for r, p in offsets:
+                    rels.append(r)
+                    poss.append(p)
+                offsets.clear()
+            if times:
+                for t, r in times:
+                    tss.append(t)
+                    trels.append(r)
+                times.clear()
             pos += header.size_bytes
             next_offset = header.last_offset + 1
             batches += 1
         if pos < size:
-            os.ftruncate(self.fd, pos)
+            os.ftruncate(fd, pos)
         self.offset_index.replace(rels, poss)
         self.time_index.replace(tss, trels)
         self.builder = builder
@@ -367,15 +395,16 @@ class Segment:
         self._read_hints.clear()
         return ScanResult(size, size - pos, batches, problem)
 
-    def _scan(self, size: int, expected_offset: int) -> Iterator[BatchHeader | str]:
+    def _scan(self, fd: int, size: int, expected_offset: int) -> Iterator[BatchHeader | str]:
         """Yields each valid batch header in file order, then a string saying why the scan
-        stopped if it stopped before the end of the file."""
+        stopped if it stopped before the end of the file. A file of up to
+        RECOVERY_CHUNK_BYTES (every small log after a restart) is read with one pread."""
         pos, chunk, chunk_pos = 0, b"", 0
         while pos < size:
             rel = pos - chunk_pos
             if rel + BATCH_HEADER_BYTES > len(chunk):
                 chunk, chunk_pos, rel = (
-                    os.pread(self.fd, min(RECOVERY_CHUNK_BYTES, size - pos), pos),
+                    os.pread(fd, min(RECOVERY_CHUNK_BYTES, size - pos), pos),
                     pos,
                     0,
                 )
@@ -388,7 +417,7 @@ class Segment:
             )
             if problem is None and rel + header.size_bytes > len(chunk):
                 want = max(header.size_bytes, min(RECOVERY_CHUNK_BYTES, size - pos))
-                chunk, chunk_pos, rel = os.pread(self.fd, want, pos), pos, 0
+                chunk, chunk_pos, rel = os.pread(fd, want, pos), pos, 0
                 if len(chunk) < header.size_bytes:
                     problem = "short read"
             if problem is None:
@@ -630,8 +659,8 @@ class Segment:
         """Closes and unlinks the files; the .log goes first so a crash leaves only orphan
         indexes, which the next open removes."""
         self.close()
-        for path in (self.log_path, self.offset_index.path, self.time_index.path,
-                     self.txn_index.path):
+        for path in (self.log_file, self.offset_index.file, self.time_index.file,
+                     self.txn_index.file):
             try:
                 os.unlink(path)
             except FileNotFoundError:

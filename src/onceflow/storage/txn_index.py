@@ -107,17 +107,23 @@ class TxnIndex:
     """The aborted transactions whose ABORT marker lies in one segment. Not thread-safe:
     `PartitionLog` serialises access with its lock."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | Path) -> None:
+        self.file = os.fspath(path)  # a str: segments build it without pathlib (segment.py)
         self.fd = -1  # opened when the file exists or the first entry is written
         self.dirty = False  # written since the last fsync
-        self._producer_ids = array("q")
-        self._first_offsets = array("q")
-        self._last_offsets = array("q")
-        self._stable_offsets = array("q")
+        # The four columns; the empty tuple until the first entry (most segments never get
+        # one, and a restart creates thousands of these: no arrays for the collector to walk).
+        self._producer_ids: array | tuple = ()
+        self._first_offsets: array | tuple = ()
+        self._last_offsets: array | tuple = ()
+        self._stable_offsets: array | tuple = ()
 
     def __len__(self) -> int:
         return len(self._last_offsets)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
 
     def entries(self) -> list[AbortedTxn]:
         return [AbortedTxn(*fields) for fields in zip(
@@ -128,14 +134,15 @@ class TxnIndex:
 
     def load(self) -> None:
         """Read the file if it exists, keeping its valid prefix (the rest is truncated)."""
-        if not self.path.exists():
+        try:
+            self.fd = os.open(self.file, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
             return
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         size = os.fstat(self.fd).st_size
         data = os.pread(self.fd, size, 0)
         entries, problem = decode_entries(data)
         if problem is not None:
-            logger.warning("%s: %s; keeping %d entries", self.path, problem, len(entries))
+            logger.warning("%s: %s; keeping %d entries", self.file, problem, len(entries))
             os.ftruncate(self.fd, len(entries) * ENTRY_BYTES)
             self.dirty = True
         self._replace(entries)
@@ -147,7 +154,10 @@ class TxnIndex:
 
     def delete(self) -> None:
         self.close()
-        self.path.unlink(missing_ok=True)
+        try:
+            os.unlink(self.file)
+        except FileNotFoundError:
+            pass
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -156,9 +166,10 @@ class TxnIndex:
         once the bytes are written."""
         previous = self._last_offsets[-1] if self._last_offsets else None
         assert previous is None or txn.last_offset > previous, (
-            f"{self.path.name}: aborted transaction at {txn.last_offset} after {previous}")
+            f"{os.path.basename(self.file)}: aborted transaction at {txn.last_offset} "
+            f"after {previous}")
         if self.fd < 0:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         write_fully(self.fd, encode_entry(txn), len(self) * ENTRY_BYTES)
         self.dirty = True
         self._add(txn)
@@ -203,15 +214,17 @@ class TxnIndex:
     # -- internals --------------------------------------------------------------------------
 
     def _add(self, txn: AbortedTxn) -> None:
+        if not self._last_offsets:
+            self._producer_ids, self._first_offsets = array("q"), array("q")
+            self._last_offsets, self._stable_offsets = array("q"), array("q")
         self._producer_ids.append(txn.producer_id)
         self._first_offsets.append(txn.first_offset)
         self._last_offsets.append(txn.last_offset)
         self._stable_offsets.append(txn.last_stable_offset)
 
     def _replace(self, entries: list[AbortedTxn]) -> None:
-        for column in (self._producer_ids, self._first_offsets, self._last_offsets,
-                       self._stable_offsets):
-            del column[:]
+        self._producer_ids = self._first_offsets = self._last_offsets = ()
+        self._stable_offsets = ()
         for txn in entries:
             self._add(txn)
 
