@@ -186,3 +186,14 @@ def _target(fd: str) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return ""
+
+
+def test_a_read_to_the_end_remembers_where_the_next_one_starts(tmp_path, preads):
+    seg, stored = _segment(tmp_path, 0, 0, [100, 100])
+    assert seg.read(0, 1 << 20, 1 << 62, True)[0] == b"".join(stored)
+    more = make_batch([b"x" * 50])
+    seg.append(prepare_append([memoryview(more)], seg.next_offset, None, None), NOW_MS)
+    preads.clear()
+    data, _ = seg.read(read_header(stored[-1]).last_offset + 1, 1 << 20, 1 << 62, True)
+    assert data == with_base_offset(more, read_header(stored[-1]).last_offset + 1)
+    assert len(preads) == 1   # no walk: the previous read said where this one starts

@@ -52,6 +52,7 @@ from onceflow.storage.layout import (
     BASE_OFFSET_FIELD,
     BATCH_HEADER,
     BATCH_HEADER_BYTES,
+    BATCH_LENGTH_MIN,
     CRC_FIELD,
     CRC_OFFSET,
     CRC_START,
@@ -507,8 +508,9 @@ class Segment:
         One pread in the usual case (issue 19): it covers the data that may be returned and the
         headers that decide where to cut, and the cut is found in that buffer. A walk starts at
         the later of the fetch's batch and the index entries below each cut, so a large read of
-        small batches walks about one index interval, not every batch. The first batch is read
-        again only when it is larger than the buffer (at_least_one past the budget).
+        small batches walks about one index interval, not every batch; a read of everything up
+        to the segment's end walks nothing. The first batch is read again only when it is
+        larger than the buffer (at_least_one past the budget).
         """
         size = self.size_bytes
         if offset >= self.next_offset or size == 0:
@@ -517,29 +519,39 @@ class Segment:
         start = 0 if offset <= self.base_offset else self.start_position(offset)
         if start is None:   # only reachable without batches, checked above
             raise AssertionError(f"{self.log_path}: no batch for offset {offset}")
-        limit = min(size - start, max(budget_bytes, 0))   # bytes that may be returned
-        floor = READ_FLOOR_BYTES if at_least_one else BATCH_HEADER_BYTES
-        data = self._pread(min(size - start, max(limit, floor)), start)
-        cut, cut_offset, header = self._cut(data, start, limit, upper_offset)
-        if cut == 0 and at_least_one and header is not None and header.base_offset < upper_offset:
-            cut, cut_offset = header.size_bytes, header.last_offset + 1   # past the budget
+        rest = size - start
+        if budget_bytes >= rest and upper_offset >= self.next_offset:
+            data = self._pread(rest, start)   # everything to the end: no cut to find
+            self._remember(self.next_offset, size)
+            return data, size
+        limit = min(rest, max(budget_bytes, 0))   # bytes that may be returned
+        data = self._pread(min(rest, max(limit, READ_FLOOR_BYTES if at_least_one
+                                         else BATCH_HEADER_BYTES)), start)
+        cut, cut_offset, first = self._cut(data, start, limit, upper_offset)
+        if cut == 0:
+            if not at_least_one or first is None:
+                return b"", start
+            cut, cut_offset = first   # the first batch alone, past the budget
             if cut > len(data):
                 data = self._pread(cut, start)
-        if cut <= 0:
-            return b"", start
         if cut_offset is not None:
-            if len(self._read_hints) >= READ_HINTS_MAX:
-                self._read_hints.clear()
-            self._read_hints[cut_offset] = start + cut
+            self._remember(cut_offset, start + cut)
         return (data if cut == len(data) else data[:cut]), start + cut
+
+    def _remember(self, offset: int, position: int) -> None:
+        """Where the next read from `offset` starts (a consumer's next fetch asks for it)."""
+        if len(self._read_hints) >= READ_HINTS_MAX:
+            self._read_hints.clear()
+        self._read_hints[offset] = position
 
     def _cut(
         self, data: bytes, start: int, limit: int, upper_offset: int
-    ) -> tuple[int, int | None, BatchHeader | None]:
-        """(cut, offset at the cut, header at the cut) for `data` read at `start`: the cut is
-        the first batch boundary (relative to start) of a batch with base >= upper_offset or
-        ending past `limit`, or the end of `data`. The offset there and its header are None
-        when that header lies past the buffer."""
+    ) -> tuple[int, int | None, tuple[int, int] | None]:
+        """(cut, offset at the cut, first) for `data` read at `start`. The cut is the first
+        batch boundary (relative to start) of a batch with base >= upper_offset or ending past
+        `limit`, or the end of `data`; the offset there is None when its header lies past the
+        buffer. `first` is (size, last offset + 1) of the batch at `start` when the cut is
+        there and that batch has a base below upper_offset, else None."""
         size = self.size_bytes
         pos = 0
         # Batches below an index entry at or before a cut pass both tests: walk from there.
@@ -549,19 +561,29 @@ class Segment:
         if position > start:
             pos = position - start
         end_offset = None
-        while pos < len(data):
-            if pos + BATCH_HEADER_BYTES > len(data):
+        length = len(data)
+        unpack_from = BATCH_HEADER.unpack_from
+        while pos < length:
+            if pos + BATCH_HEADER_BYTES > length:
                 if start + pos + BATCH_HEADER_BYTES <= size:   # past the buffer: past the limit
                     return pos, end_offset, None
                 raise CorruptLogError(f"{self.log_path}: torn header at {start + pos}")
-            header = read_header(data, pos)
-            problem = header_problem(header, size - start - pos)
-            if problem is not None:
+            # (base_offset, batch_length, epoch, magic, crc, attributes, last_offset_delta,
+            #  ..., records_count): see layout.BATCH_HEADER; the checks of header_problem
+            fields = unpack_from(data, pos)
+            batch_bytes = fields[1] + LOG_OVERHEAD_BYTES
+            if (fields[3] != MAGIC_V2 or fields[1] < BATCH_LENGTH_MIN or fields[6] < 0
+                    or fields[12] < 0 or pos + batch_bytes > size - start):
+                problem = header_problem(read_header(data, pos), size - start - pos)
                 raise CorruptLogError(f"{self.log_path}: {problem} at position {start + pos}")
-            if header.base_offset >= upper_offset or pos + header.size_bytes > limit:
-                return pos, header.base_offset, header
-            pos += header.size_bytes
-            end_offset = header.last_offset + 1
+            base_offset = fields[0]
+            if base_offset >= upper_offset or pos + batch_bytes > limit:
+                first = None
+                if pos == 0 and base_offset < upper_offset:
+                    first = (batch_bytes, base_offset + fields[6] + 1)
+                return pos, base_offset, first
+            pos += batch_bytes
+            end_offset = base_offset + fields[6] + 1
         return pos, (self.next_offset if start + pos == size else end_offset), None
 
     def _pread(self, length: int, position: int) -> bytes:
