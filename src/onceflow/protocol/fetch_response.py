@@ -59,6 +59,8 @@ _PARTITION_TAGS = (
     (2, "snapshot_id", (("end_offset", -1), ("epoch", -1)), struct.Struct(">qi")),
 )
 
+_TAG_KEYS = frozenset(key for _, key, _, _ in _PARTITION_TAGS)
+
 # Below this a record blob is cheaper to copy than to keep as a separate buffer (the same
 # bound as codec._CHUNK_BY_REFERENCE_BYTES).
 _CHUNK_BY_REFERENCE_BYTES = 16 * 1024
@@ -165,6 +167,9 @@ class _Writer:
             self._partition_tags(partition)
 
     def _partition_tags(self, partition: dict[str, Any]) -> None:
+        if _TAG_KEYS.isdisjoint(partition):   # the usual answer: no tagged field
+            self._out += b"\x00"
+            return
         tagged = []
         for tag, key, defaults, codec in _PARTITION_TAGS:
             value = partition.get(key)

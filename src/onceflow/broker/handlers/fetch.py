@@ -66,6 +66,7 @@ from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import LogClosedError, OffsetOutOfRange
+from onceflow.storage.store import TopicInfo
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 TOPIC_ID_VERSION = 13   # Fetch v13+ names topics by id
@@ -132,10 +133,15 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
     node_id = ctx.node_id
     wanted = []
     topics: dict[object, tuple] = {}   # key -> (info, name, error for every partition or None)
+    infos: dict[object, TopicInfo] | None = None   # key -> topic, read once per request
     for (key, index), fetch_offset, max_bytes in requested:
         topic = topics.get(key)
         if topic is None:
-            topic = topics[key] = _resolve_topic(ctx, key, by_id)
+            if infos is None:
+                infos = state.topics()   # a copy: one per request, not one per topic
+                if by_id:
+                    infos = {info.topic_id: info for info in infos.values()}
+            topic = topics[key] = _resolve_topic(ctx, key, infos.get(key), by_id)
         info, name, error = topic
         item = _Wanted(key, index, fetch_offset, max_bytes, None, ErrorCode.none, None, by_id)
         if name is None and session is not None:   # an id the session resolved before
@@ -159,11 +165,9 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
     return wanted
 
 
-def _resolve_topic(ctx: RequestContext, key, by_id: bool) -> tuple:
+def _resolve_topic(ctx: RequestContext, key, info: TopicInfo | None, by_id: bool) -> tuple:
     """(info, name, the error of each of its partitions or None), once per topic of a
     request: authorization is checked before existence, as Kafka does."""
-    state = ctx.broker
-    info = state.topic_by_id(key) if by_id else state.topic(key)
     name = info.name if info is not None else (None if by_id else key)
     if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
         return info, name, ErrorCode.topic_authorization_failed
