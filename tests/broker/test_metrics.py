@@ -74,7 +74,16 @@ def test_the_direct_reads_of_produce_and_fetch_error_codes_agree_with_the_walk()
             {"partition_index": 1, "error_code": 1, "records": None}]}],
         "node_endpoints": [{"node_id": 0, "host": "h", "port": 1, "rack": None}]}
     session_error = {"throttle_time": 0, "error_code": 70, "session_id": 0, "responses": []}
-    shapes = [(ApiKey.PRODUCE, produce), (ApiKey.FETCH, fetch), (ApiKey.FETCH, session_error)]
+    metadata = {"throttle_time": 0, "error_code": 0, "brokers": [
+        {"node_id": 0, "host": "h", "port": 1, "rack": None}], "cluster_id": "c",
+        "controller_id": 0, "topics": [
+            {"error_code": 0, "name": "a", "topic_id": None, "is_internal": False,
+             "partitions": [{"error_code": 0, "partition_index": 0, "leader_id": 0,
+                             "replica_nodes": [0], "isr_nodes": [0], "offline_replicas": []},
+                            {"error_code": 5, "partition_index": 1, "leader_id": -1}]},
+            {"error_code": 3, "name": "b", "topic_id": None, "partitions": []}]}
+    shapes = [(ApiKey.PRODUCE, produce), (ApiKey.FETCH, fetch), (ApiKey.FETCH, session_error),
+              (ApiKey.METADATA, metadata)]
 
     class Partition:
         index = partition = 0
@@ -92,5 +101,6 @@ def test_the_direct_reads_of_produce_and_fetch_error_codes_agree_with_the_walk()
         assert sorted(answer_error_codes(api_key, body)) == sorted(error_codes(body)), body
     assert sorted(answer_error_codes(ApiKey.PRODUCE, produce)) == [0, 87]
     assert sorted(answer_error_codes(ApiKey.FETCH, fetch)) == [0, 0, 1]
+    assert sorted(answer_error_codes(ApiKey.METADATA, metadata)) == [0, 0, 0, 3, 5]
     # Another shape falls back to the walk.
     assert answer_error_codes(ApiKey.FETCH, {"error_code": 3, "topics": []}) == [3]

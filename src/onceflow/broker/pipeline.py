@@ -70,6 +70,7 @@ from onceflow.protocol.codec import (
 )
 from onceflow.protocol.errors import UnsupportedVersion
 from onceflow.protocol.fetch_response import encode_fetch_response
+from onceflow.protocol.metadata_response import encode_metadata_response
 from onceflow.protocol.produce_response import encode_produce_response
 
 # An encoded answer: buffers for `writelines`, or None when nothing is sent.
@@ -119,8 +120,9 @@ def authorize(request: Request, peer: Peer) -> None:
 
 # Answers encoded straight from the handler's dict (the same bytes as kio's; None: a shape
 # they do not cover, which takes the generic path): Produce, and Fetch, which a consumer
-# reading along sends once per record.
-_DIRECT_ENCODERS = {ApiKey.PRODUCE: encode_produce_response, ApiKey.FETCH: encode_fetch_response}
+# reading along sends once per record, and Metadata, whose answer lists every partition.
+_DIRECT_ENCODERS = {ApiKey.PRODUCE: encode_produce_response, ApiKey.FETCH: encode_fetch_response,
+                    ApiKey.METADATA: encode_metadata_response}   # 10,000 partitions: issue 19
 
 
 def encode(header: RequestHeader, body: dict | None) -> Answer:

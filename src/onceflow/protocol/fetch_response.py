@@ -50,6 +50,9 @@ _TOP_V7 = struct.Struct(">ihi")         # throttle_time, error_code, session_id
 _PARTITION_V4 = struct.Struct(">ihqq")  # index, error_code, high watermark, LSO
 _PARTITION_V5 = struct.Struct(">ihqqq")  # ... log_start_offset
 _ABORTED = struct.Struct(">qq")         # producer_id, first_offset
+# v12+ read_uncommitted: index, error_code, high watermark, LSO, log start, the compact null
+# aborted_transactions (one byte, 0), preferred_read_replica
+_PARTITION_FLEXIBLE_UNCOMMITTED = struct.Struct(">ihqqqBi")
 _ZERO_UUID = bytes(16)
 
 # The partition's tagged structs: (tag, key, (field, default) in wire order, struct).
@@ -58,6 +61,8 @@ _PARTITION_TAGS = (
     (1, "current_leader", (("leader_id", -1), ("leader_epoch", -1)), struct.Struct(">ii")),
     (2, "snapshot_id", (("end_offset", -1), ("epoch", -1)), struct.Struct(">qi")),
 )
+
+_TAG_KEYS = frozenset(key for _, key, _, _ in _PARTITION_TAGS)
 
 # Below this a record blob is cheaper to copy than to keep as a separate buffer (the same
 # bound as codec._CHUNK_BY_REFERENCE_BYTES).
@@ -141,13 +146,24 @@ class _Writer:
         if type(partition) is not dict or not partition.keys() <= _PARTITION_KEYS:
             raise _Unsupported
         out, version = self._out, self._version
+        aborted = partition["aborted_transactions"]
+        if aborted is None and version >= _FLEXIBLE_FROM:
+            # The usual answer (read_uncommitted, v12+) in one pack: the null aborted array
+            # is the compact length 0.
+            out += _PARTITION_FLEXIBLE_UNCOMMITTED.pack(
+                partition["partition_index"], _int(partition["error_code"]),
+                partition["high_watermark"], partition.get("last_stable_offset", -1),
+                partition.get("log_start_offset", -1), 0,
+                partition.get("preferred_read_replica", -1))
+            self._records(partition["records"])
+            self._partition_tags(partition)
+            return
         fields = (partition["partition_index"], _int(partition["error_code"]),
                   partition["high_watermark"], partition.get("last_stable_offset", -1))
         if version >= _LOG_START_FROM:
             out += _PARTITION_V5.pack(*fields, partition.get("log_start_offset", -1))
         else:
             out += _PARTITION_V4.pack(*fields)
-        aborted = partition["aborted_transactions"]
         if aborted is None:
             self._array_length(-1)
         else:
@@ -165,6 +181,9 @@ class _Writer:
             self._partition_tags(partition)
 
     def _partition_tags(self, partition: dict[str, Any]) -> None:
+        if _TAG_KEYS.isdisjoint(partition):   # the usual answer: no tagged field
+            self._out += b"\x00"
+            return
         tagged = []
         for tag, key, defaults, codec in _PARTITION_TAGS:
             value = partition.get(key)

@@ -277,17 +277,13 @@ class PartitionLog:
             i = max(bisect_right(self._bases, offset) - 1, 0)
             while i < len(segments) and offset < upper:
                 seg = segments[i]
-                span = (
-                    seg.span(offset, budget, upper, not chunks)
-                    if offset < seg.next_offset
-                    else (0, 0)
-                )
-                if span is None:
-                    break
-                if span[1] > span[0]:
-                    chunks.append(seg.read_bytes(*span))
-                    budget -= span[1] - span[0]
-                    if span[1] < seg.size_bytes or budget <= 0:
+                if offset < seg.next_offset:
+                    data, end = seg.read(offset, budget, upper, not chunks)
+                    if not data:
+                        break
+                    chunks.append(data)
+                    budget -= len(data)
+                    if end < seg.size_bytes or budget <= 0:
                         break
                 i += 1
                 offset = segments[i].base_offset if i < len(segments) else leo

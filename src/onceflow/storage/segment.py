@@ -18,6 +18,12 @@ reading windows of `WALK_WINDOW_BYTES`; the walk is bounded by `index_interval_b
 batch. Every header crossed by a walk is checked (magic, length bounds), so a wrong index entry
 surfaces as `CorruptLogError`, never as garbage returned to a client.
 
+A read (`read`) takes one pread from the fetch's batch (position 0 without a walk when the
+fetch offset is at or below the base) that covers what may be returned, and cuts the whole
+batches to return out of that buffer; a segment whose descriptor the LRU closed is read
+through a descriptor of its own while the LRU is full, so a Fetch of many partitions does
+not close the descriptors of others (storage/open_files.py).
+
 Recovery (`recover`) re-reads the whole file in `RECOVERY_CHUNK_BYTES` chunks, validates each
 batch (length bounds, magic 2, CRC-32C, offsets monotonic) and truncates the file at the first
 bad byte, rebuilding both indexes with the same `IndexBuilder` rule as live appends.
@@ -46,6 +52,7 @@ from onceflow.storage.layout import (
     BASE_OFFSET_FIELD,
     BATCH_HEADER,
     BATCH_HEADER_BYTES,
+    BATCH_LENGTH_MIN,
     CRC_FIELD,
     CRC_OFFSET,
     CRC_START,
@@ -74,6 +81,9 @@ POSITION_MAX = 2**32 - 1  # positions are u32 in the offset index
 WALK_WINDOW_BYTES = 16 * 1024  # one pread covers an index interval (4 KiB) of small batches
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024  # large sequential reads; bounded memory
 IOV_BUFFERS_MAX = 1024  # Linux IOV_MAX: most buffers one pwritev accepts
+# The least a read that must return one whole batch asks for: one pread then holds a typical
+# first batch even when the budget is smaller (a read past the budget costs a second pread).
+READ_FLOOR_BYTES = WALK_WINDOW_BYTES
 READ_HINTS_MAX = 64  # remembered (offset -> position) pairs of recent reads: ~ live consumers
 _MAX_TIMESTAMP = struct.Struct(">q")
 _ATTRIBUTES = struct.Struct(">h")
@@ -517,58 +527,117 @@ class Segment:
             f"{self.log_path}: offset {offset} below {self.next_offset} not found"
         )
 
-    def _first_at_or_after(self, offset: int, start: int) -> tuple[int, int]:
-        """(position, base offset) of the first batch from `start` with base >= `offset`."""
-        if offset >= self.next_offset:
-            return self.size_bytes, self.next_offset
-        pos = max(start, self.offset_index.lookup(offset - self.base_offset))
-        for p, header in self._walk(pos, self.size_bytes):
-            if header.base_offset >= offset:
-                return p, header.base_offset
-        return self.size_bytes, self.next_offset
-
-    def _last_fitting(self, start: int, limit: int) -> tuple[int, BatchHeader | None]:
-        """(boundary, header of the batch there) for the last batch boundary <= limit,
-        scanning from `start` (limit < size_bytes)."""
-        pos = max(start, self.offset_index.floor_position(limit))
-        for p, header in self._walk(pos, self.size_bytes):
-            if p + header.size_bytes > limit:
-                return p, header
-        return self.size_bytes, None
-
-    def span(
+    def read(
         self, offset: int, budget_bytes: int, upper_offset: int, at_least_one: bool
-    ) -> tuple[int, int] | None:
-        """[start, end) of whole batches to return: from the batch containing `offset`, none
-        with base >= upper_offset, at most budget_bytes unless at_least_one and the first
-        batch alone is larger. None when no batch qualifies."""
-        start = self.start_position(offset)
-        if start is None:
-            return None
-        end, end_offset = self.size_bytes, self.next_offset
-        if upper_offset < self.next_offset:
-            end, end_offset = self._first_at_or_after(upper_offset, start)
-        if end - start > budget_bytes:
-            end, header = self._last_fitting(start, start + max(budget_bytes, 0))
-            end_offset = header.base_offset if header is not None else self.next_offset
-            if end == start and at_least_one and header is not None:
-                end, end_offset = start + header.size_bytes, header.last_offset + 1
-        if end <= start:
-            return None
+    ) -> tuple[bytes, int]:
+        """(whole batches, file position where they end): from the batch containing `offset`,
+        none with base >= upper_offset, at most budget_bytes unless at_least_one and the first
+        batch alone is larger (then that batch). (b"", start) when no batch qualifies.
+
+        One pread in the usual case (issue 19): it covers the data that may be returned and the
+        headers that decide where to cut, and the cut is found in that buffer. A walk starts at
+        the later of the fetch's batch and the index entries below each cut, so a large read of
+        small batches walks about one index interval, not every batch; a read of everything up
+        to the segment's end walks nothing. The first batch is read again only when it is
+        larger than the buffer (at_least_one past the budget).
+        """
+        size = self.size_bytes
+        if offset >= self.next_offset or size == 0:
+            return b"", 0
+        # At or below the base the first batch holds `offset` (compacted or not): no walk.
+        start = 0 if offset <= self.base_offset else self.start_position(offset)
+        if start is None:   # only reachable without batches, checked above
+            raise AssertionError(f"{self.log_path}: no batch for offset {offset}")
+        rest = size - start
+        if budget_bytes >= rest and upper_offset >= self.next_offset:
+            data = self._pread(rest, start)   # everything to the end: no cut to find
+            self._remember(self.next_offset, size)
+            return data, size
+        limit = min(rest, max(budget_bytes, 0))   # bytes that may be returned
+        data = self._pread(min(rest, max(limit, READ_FLOOR_BYTES if at_least_one
+                                         else BATCH_HEADER_BYTES)), start)
+        cut, cut_offset, first = self._cut(data, start, limit, upper_offset)
+        if cut == 0:
+            if not at_least_one or first is None:
+                return b"", start
+            cut, cut_offset = first   # the first batch alone, past the budget
+            if cut > len(data):
+                data = self._pread(cut, start)
+        if cut_offset is not None:
+            self._remember(cut_offset, start + cut)
+        return (data if cut == len(data) else data[:cut]), start + cut
+
+    def _remember(self, offset: int, position: int) -> None:
+        """Where the next read from `offset` starts (a consumer's next fetch asks for it)."""
         if len(self._read_hints) >= READ_HINTS_MAX:
             self._read_hints.clear()
-        self._read_hints[end_offset] = end
-        return start, end
+        self._read_hints[offset] = position
+
+    def _cut(
+        self, data: bytes, start: int, limit: int, upper_offset: int
+    ) -> tuple[int, int | None, tuple[int, int] | None]:
+        """(cut, offset at the cut, first) for `data` read at `start`. The cut is the first
+        batch boundary (relative to start) of a batch with base >= upper_offset or ending past
+        `limit`, or the end of `data`; the offset there is None when its header lies past the
+        buffer. `first` is (size, last offset + 1) of the batch at `start` when the cut is
+        there and that batch has a base below upper_offset, else None."""
+        size = self.size_bytes
+        pos = 0
+        # Batches below an index entry at or before a cut pass both tests: walk from there.
+        position = self.offset_index.floor_position(start + limit)
+        if upper_offset < self.next_offset:
+            position = min(position, self.offset_index.lookup(upper_offset - self.base_offset))
+        if position > start:
+            pos = position - start
+        end_offset = None
+        length = len(data)
+        unpack_from = BATCH_HEADER.unpack_from
+        while pos < length:
+            if pos + BATCH_HEADER_BYTES > length:
+                if start + pos + BATCH_HEADER_BYTES <= size:   # past the buffer: past the limit
+                    return pos, end_offset, None
+                raise CorruptLogError(f"{self.log_path}: torn header at {start + pos}")
+            # (base_offset, batch_length, epoch, magic, crc, attributes, last_offset_delta,
+            #  ..., records_count): see layout.BATCH_HEADER; the checks of header_problem
+            fields = unpack_from(data, pos)
+            batch_bytes = fields[1] + LOG_OVERHEAD_BYTES
+            if (fields[3] != MAGIC_V2 or fields[1] < BATCH_LENGTH_MIN or fields[6] < 0
+                    or fields[12] < 0 or pos + batch_bytes > size - start):
+                problem = header_problem(read_header(data, pos), size - start - pos)
+                raise CorruptLogError(f"{self.log_path}: {problem} at position {start + pos}")
+            base_offset = fields[0]
+            if base_offset >= upper_offset or pos + batch_bytes > limit:
+                first = None
+                if pos == 0 and base_offset < upper_offset:
+                    first = (batch_bytes, base_offset + fields[6] + 1)
+                return pos, base_offset, first
+            pos += batch_bytes
+            end_offset = base_offset + fields[6] + 1
+        return pos, (self.next_offset if start + pos == size else end_offset), None
+
+    def _pread(self, length: int, position: int) -> bytes:
+        """`length` bytes of the `.log` at `position` (caller holds `guard`). When the LRU of
+        open files is full and this segment's descriptor is closed, the read opens the file
+        for itself and closes it again, leaving the LRU as it was: a Fetch of more partitions
+        than the LRU holds would otherwise close one descriptor per partition it opens."""
+        if self._fd < 0 and not self.closed and len(OPEN_FILES) >= OPEN_FILES.files_max:
+            fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, length, position)
+            finally:
+                os.close(fd)
+        else:
+            data = os.pread(self.fd, length, position)
+        if len(data) != length:
+            raise CorruptLogError(
+                f"{self.log_path}: read {len(data)} of {length} bytes at {position}"
+            )
+        return data
 
     def read_bytes(self, start: int, end: int) -> bytes:
         if not 0 <= start <= end <= self.size_bytes:
             raise AssertionError(f"read [{start}, {end}) outside [0, {self.size_bytes})")
-        data = os.pread(self.fd, end - start, start)
-        if len(data) != end - start:
-            raise CorruptLogError(
-                f"{self.log_path}: read {len(data)} of {end - start} bytes at {start}"
-            )
-        return data
+        return self._pread(end - start, start)
 
     def find_timestamp(self, timestamp_ms: int, min_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= timestamp_ms and offset

@@ -66,6 +66,7 @@ from onceflow.broker.state import PartitionState
 from onceflow.protocol.records import iter_batches
 from onceflow.security.acl import Operation, ResourceType
 from onceflow.storage import LogClosedError, OffsetOutOfRange
+from onceflow.storage.store import TopicInfo
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 TOPIC_ID_VERSION = 13   # Fetch v13+ names topics by id
@@ -129,28 +130,32 @@ def _forgotten(body, by_id: bool) -> list[tuple]:
 def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
              by_id: bool, session: FetchSession | None = None) -> list[_Wanted]:
     state = ctx.broker
+    node_id = ctx.node_id
     wanted = []
-    infos: dict[object, object] = {}
+    topics: dict[object, tuple] = {}   # key -> (info, name, error for every partition or None)
+    infos: dict[object, TopicInfo] | None = None   # key -> topic, read once per request
     for (key, index), fetch_offset, max_bytes in requested:
-        if key not in infos:
-            infos[key] = state.topic_by_id(key) if by_id else state.topic(key)
-        info = infos[key]
-        item = _Wanted(key, index, fetch_offset, max_bytes, None, by_id=by_id)
-        name = info.name if info is not None else (None if by_id else key)
+        topic = topics.get(key)
+        if topic is None:
+            if infos is None:
+                infos = state.topics()   # a copy: one per request, not one per topic
+                if by_id:
+                    infos = {info.topic_id: info for info in infos.values()}
+            topic = topics[key] = _resolve_topic(ctx, key, infos.get(key), by_id)
+        info, name, error = topic
+        item = _Wanted(key, index, fetch_offset, max_bytes, None, ErrorCode.none, None, by_id)
         if name is None and session is not None:   # an id the session resolved before
             name = session.topic_name((key, index))
+            if name is not None:
+                error = _session_name_error(ctx, name, index)
         item.topic_name = name
-        if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
-            item.error_code = ErrorCode.topic_authorization_failed  # Kafka: before existence
-        elif info is None and name is not None and by_id:
-            item.error_code = _stale_id_error(state, name, index)
-        elif info is None:
-            item.error_code = ErrorCode.unknown_topic_id if by_id else ErrorCode.unknown_topic_or_partition
-        elif not state.ready(info.name, index):  # still recovering
+        if error is not None:
+            item.error_code = error
+        elif not state.ready(name, index):  # still recovering
             item.error_code = ErrorCode.not_leader_or_follower
-        elif (partition := state.partition(info.name, index)) is None:
+        elif (partition := state.partition(name, index)) is None:
             item.error_code = ErrorCode.unknown_topic_or_partition
-        elif (leader := state.leader(info, index)) != ctx.node_id:
+        elif (leader := state.leader(info, index)) != node_id:
             item.error_code = ErrorCode.not_leader_or_follower
             item.leader, item.leader_epoch = leader, state.cluster.leader_epoch
         else:
@@ -158,6 +163,26 @@ def _resolve(ctx: RequestContext, requested: list[tuple[tuple, int, int]],
             item.topic_id = info.topic_id
         wanted.append(item)
     return wanted
+
+
+def _resolve_topic(ctx: RequestContext, key, info: TopicInfo | None, by_id: bool) -> tuple:
+    """(info, name, the error of each of its partitions or None), once per topic of a
+    request: authorization is checked before existence, as Kafka does."""
+    name = info.name if info is not None else (None if by_id else key)
+    if name is not None and not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
+        return info, name, ErrorCode.topic_authorization_failed
+    if info is None:
+        return info, name, (ErrorCode.unknown_topic_id if by_id
+                            else ErrorCode.unknown_topic_or_partition)
+    return info, name, None
+
+
+def _session_name_error(ctx: RequestContext, name: str, index: int) -> ErrorCode:
+    """The error of a by-id session's partition whose id is gone but whose name the session
+    remembers (the topic was deleted, perhaps created again under a new id)."""
+    if not ctx.authorized(Operation.READ, ResourceType.TOPIC, name):
+        return ErrorCode.topic_authorization_failed
+    return _stale_id_error(ctx.broker, name, index)
 
 
 def _stale_id_error(state, name: str, index: int) -> ErrorCode:
@@ -170,48 +195,59 @@ def _stale_id_error(state, name: str, index: int) -> ErrorCode:
 
 
 def _read_all(wanted: list[_Wanted], isolation: int, max_bytes: int) -> tuple[list[dict], int, bool]:
-    """(partition responses, bytes read, whether any partition has an error)."""
+    """(partition responses, bytes read, whether any partition has an error).
+
+    A Fetch may name 10,000 partitions and more, so this loop is kept lean (issue 19): one
+    dict per partition built at once, and error codes as plain ints, so that a dict of
+    ints and bytes is one the garbage collector does not track (an ErrorCode member would
+    make it tracked, and every tracked survivor brings the next full collection nearer)."""
     responses, total, errors = [], 0, False
+    committed = isolation == READ_COMMITTED
     for item in wanted:
-        response = {"partition_index": item.index, "error_code": item.error_code,
-                    "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
-                    "aborted_transactions": None if isolation == READ_UNCOMMITTED else [],
-                    "preferred_read_replica": -1, "records": b""}
         partition = item.partition
         if partition is None:
             errors = True
-            if item.leader >= 0:   # v12+ (tagged): the new leader, so no Metadata round trip
-                response["current_leader"] = {"leader_id": item.leader,
-                                              "leader_epoch": item.leader_epoch}
-            responses.append(response)
+            responses.append(_error_response(item, committed))
             continue
         log = partition.log
-        lso = last_stable_offset(partition)
-        upper = lso if isolation == READ_COMMITTED else partition.high_watermark
-        response.update(high_watermark=partition.high_watermark, last_stable_offset=lso,
-                        log_start_offset=log.log_start_offset)
+        high_watermark = partition.high_watermark
+        lso = partition.last_stable_offset
+        upper = lso if committed else high_watermark
         budget = min(item.partition_max_bytes, max_bytes - total)
+        error_code = 0
         try:
             # The first partition with data gets at least one whole batch (KIP-74):
             # log.read returns one even when it is larger than the budget.
             records = log.read(item.fetch_offset, max(budget, 1), upper) if total == 0 or budget > 0 else b""
         except OffsetOutOfRange:
-            response["error_code"] = ErrorCode.offset_out_of_range
+            error_code = ErrorCode.offset_out_of_range.value
             errors = True
             records = b""
         except LogClosedError:   # deleted between the check and the read
             item.lose()
-            response.update(error_code=item.error_code, high_watermark=-1,
-                            last_stable_offset=-1, log_start_offset=-1)
             errors = True
-            records = b""
-        response["records"] = records
-        if isolation == READ_COMMITTED:
-            response["aborted_transactions"] = aborted_transactions(
-                partition, item.fetch_offset, upper, records)
+            responses.append(_error_response(item, committed))
+            continue
+        responses.append({
+            "partition_index": item.index, "error_code": error_code,
+            "high_watermark": high_watermark, "last_stable_offset": lso,
+            "log_start_offset": log.log_start_offset,
+            "aborted_transactions": (aborted_transactions(partition, item.fetch_offset, upper,
+                                                          records) if committed else None),
+            "preferred_read_replica": -1, "records": records})
         total += len(records)
-        responses.append(response)
     return responses, total, errors
+
+
+def _error_response(item: _Wanted, committed: bool) -> dict:
+    response = {"partition_index": item.index, "error_code": item.error_code.value,
+                "high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1,
+                "aborted_transactions": [] if committed else None,
+                "preferred_read_replica": -1, "records": b""}
+    if item.leader >= 0:   # v12+ (tagged): the new leader, so no Metadata round trip
+        response["current_leader"] = {"leader_id": item.leader,
+                                      "leader_epoch": item.leader_epoch}
+    return response
 
 
 def _caught_up(wanted: list[_Wanted], isolation: int) -> bool:
@@ -268,11 +304,22 @@ def _drop_gone(ctx: RequestContext, wanted: list[_Wanted]) -> None:
 
 
 def _group(wanted: list[_Wanted], responses: list[dict], by_id: bool) -> list[dict]:
+    """The partition responses under their topics, in request order (a request lists each
+    topic's partitions together, so consecutive runs of one key are the usual case)."""
+    key_name = "topic_id" if by_id else "topic"
     topics: dict[object, list[dict]] = {}
+    key, parts = _NO_KEY, []
     for item, response in zip(wanted, responses):
-        topics.setdefault(item.topic_key, []).append(response)
-    key = "topic_id" if by_id else "topic"
-    return [{key: k, "partitions": parts} for k, parts in topics.items()]
+        if item.topic_key != key:
+            key = item.topic_key
+            parts = topics.get(key)
+            if parts is None:
+                parts = topics[key] = []
+        parts.append(response)
+    return [{key_name: k, "partitions": p} for k, p in topics.items()]
+
+
+_NO_KEY = object()
 
 
 _CACHES: weakref.WeakKeyDictionary[object, FetchSessionCache] = weakref.WeakKeyDictionary()

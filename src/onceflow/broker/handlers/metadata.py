@@ -8,6 +8,7 @@ topics are never auto-created.
 from __future__ import annotations
 
 import uuid
+import weakref
 
 from kio.schema.errors import ErrorCode
 
@@ -50,9 +51,43 @@ def _topic(state: BrokerState, info: TopicInfo) -> dict:
         "name": info.name,
         "topic_id": info.topic_id,
         "is_internal": info.name in INTERNAL_TOPICS,
-        "partitions": [_partition(state, info, i) for i in range(info.num_partitions)],
+        "partitions": _partitions(state, info),
         "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
+
+
+# Per broker state: topic name -> (layout, its partition dicts). An answer for every topic
+# lists every partition; building 10,000 partition dicts per request cost about as much as
+# encoding them, and the garbage collector's full passes grew with them (issue 19). The
+# layout is everything a partition dict is computed from: the topic (a new id when it is
+# created again), its partition count and replication factor, and the cluster's leadership
+# (leader_epoch moves with every reassignment and node up or down; the up flags as well).
+# The dicts are shared by answers and never changed; a changed layout builds new ones.
+_PARTITIONS: weakref.WeakKeyDictionary[BrokerState, dict[str, tuple[tuple, list[dict]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _partitions(state: BrokerState, info: TopicInfo) -> list[dict]:
+    cluster = state.cluster
+    layout = (info.topic_id, info.num_partitions, replication_factor(info), cluster.leader_epoch,
+              tuple(node.up for node in cluster.nodes))
+    cache = _PARTITIONS.get(state)
+    if cache is None:
+        cache = _PARTITIONS[state] = {}
+    found = cache.get(info.name)
+    if found is not None and found[0] == layout:
+        return found[1]
+    partitions = [_partition(state, info, i) for i in range(info.num_partitions)]
+    cache[info.name] = (layout, partitions)
+    return partitions
+
+
+def _forget_deleted(state: BrokerState, listed: dict[str, TopicInfo]) -> None:
+    """After an answer for every topic: drop the cached partitions of deleted topics."""
+    cache = _PARTITIONS.get(state)
+    if cache is not None and len(cache) > len(listed):
+        for name in [name for name in cache if name not in listed]:
+            del cache[name]
 
 
 def _missing(name: str | None, topic_id, error: ErrorCode) -> dict:
@@ -90,8 +125,10 @@ async def metadata(ctx: RequestContext, body) -> dict:
     state = ctx.broker
     requested = body.topics
     if requested is None or (ctx.api_version == 0 and not requested):
-        topics = [_topic(state, info) for info in state.topics().values()
+        listed = state.topics()
+        topics = [_topic(state, info) for info in listed.values()
                   if ctx.authorized(Operation.DESCRIBE, ResourceType.TOPIC, info.name)]
+        _forget_deleted(state, listed)
     else:
         allow = state.config.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
         topics = [_lookup(ctx, t, allow) for t in requested]
