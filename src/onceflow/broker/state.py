@@ -87,11 +87,15 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 # event before it opens its first partition (partitions stay "not ready").
 RECOVERY_GATE: threading.Event | None = None
 
-# Partitions are opened before the broker listens for up to this long (all of them when
-# there are a few thousand small ones: every request then finds its partition ready, and
-# none of the pass competes with requests); the rest are opened in the background while
-# the broker already answers.
-RECOVERY_INLINE_MS = 1000
+# Partitions are opened before the broker listens for up to this long, as Kafka opens every
+# log before it listens; the rest are opened in the background while the broker already
+# answers. 3 s covers 10,000-20,000 small logs after a crash (about 0.1 ms each): every
+# request then finds its partition ready. Each request answered while the pass runs delays
+# it: at 10,000 partitions, 1 s here left a quarter of them to a background pass that the
+# clients' retried Fetches of every partition made last 2-3 s instead of 0.5 s, and the
+# last partition answered 5.3-6.2 s after the restart instead of 4.1-4.4 s
+# (docs/benchmarks.md, "Restart after kill -9").
+RECOVERY_INLINE_MS = 3000
 # The background pass opens partitions on the event loop for at most this long at a time,
 # then lets the loop answer what arrived: a request waits at most about this long for it.
 RECOVERY_SLICE_MS = 20
