@@ -38,5 +38,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet -e ".[test,spark]"
+# An editable install leaves src/ without bytecode, and where PYTHONDONTWRITEBYTECODE is set
+# (as in many containers) every process compiles what it imports again: 0.2 s more per broker or
+# command start. Compiled once here; a source edited later is recompiled in memory.
+"$venv/bin/python" -m compileall -q "$(dirname "$0")/../src"
 # The Java Kafka client for the tests that use it (tests/java_support.py).
 bash "$(dirname "$0")/java-clients.sh" "$venv/bin/python" "$venv/share/kafka-java"
