@@ -22,6 +22,11 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from onceflow.protocol.direct_writer import I32 as _I32
+from onceflow.protocol.direct_writer import DirectWriter
+from onceflow.protocol.direct_writer import Unsupported as _Unsupported
+from onceflow.protocol.direct_writer import to_int as _int
+from onceflow.protocol.direct_writer import uvarint as _uvarint
 from onceflow.protocol.framing import FRAME_SIZE
 
 FIRST_VERSION, LAST_VERSION = 4, 17
@@ -44,8 +49,6 @@ _PARTITION_KEYS = frozenset(("partition_index", "error_code", "high_watermark",
 _ABORTED_KEYS = frozenset(("producer_id", "first_offset"))
 _NODE_KEYS = frozenset(("node_id", "host", "port", "rack"))
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _TOP_V7 = struct.Struct(">ihi")         # throttle_time, error_code, session_id
 _PARTITION_V4 = struct.Struct(">ihqq")  # index, error_code, high watermark, LSO
 _PARTITION_V5 = struct.Struct(">ihqqq")  # ... log_start_offset
@@ -69,10 +72,6 @@ _TAG_KEYS = frozenset(key for _, key, _, _ in _PARTITION_TAGS)
 _CHUNK_BY_REFERENCE_BYTES = 16 * 1024
 
 
-class _Unsupported(Exception):
-    """The dict has a shape this encoder leaves to the generic path."""
-
-
 def encode_fetch_response(correlation_id: int, api_version: int,
                           body: dict[str, Any]) -> list[bytes | memoryview] | None:
     """The framed response as buffers for `writelines` (records referenced, not copied),
@@ -85,15 +84,13 @@ def encode_fetch_response(correlation_id: int, api_version: int,
         return None   # a missing field, a value of another type: the generic path judges
 
 
-class _Writer:
+class _Writer(DirectWriter):
     """One response's bytes: small fields gathered in a bytearray, large records kept."""
 
-    __slots__ = ("_chunks", "_flexible", "_out", "_size", "_version")
+    __slots__ = ("_chunks", "_size")
 
     def __init__(self, api_version: int) -> None:
-        self._version = api_version
-        self._flexible = api_version >= _FLEXIBLE_FROM
-        self._out = bytearray()
+        super().__init__(api_version, api_version >= _FLEXIBLE_FROM)
         self._chunks: list[bytes | memoryview] = []
         self._size = 0
 
@@ -235,33 +232,3 @@ class _Writer:
             else:
                 self._string(rack)
             out += b"\x00"
-
-    def _array_length(self, length: int) -> None:
-        if self._flexible:
-            _uvarint(self._out, length + 1)
-        else:
-            self._out += _I32.pack(length)
-
-    def _string(self, value: str) -> None:
-        if type(value) is not str:
-            raise _Unsupported
-        data = value.encode()
-        if self._flexible:
-            _uvarint(self._out, len(data) + 1)
-        else:
-            self._out += _I16.pack(len(data))
-        self._out += data
-
-
-def _int(value: Any) -> int:
-    """An int field (error codes are ErrorCode enums, an int subclass)."""
-    if not isinstance(value, int):
-        raise _Unsupported
-    return int(value)
-
-
-def _uvarint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)

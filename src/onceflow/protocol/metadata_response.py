@@ -20,6 +20,11 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from onceflow.protocol.direct_writer import I16 as _I16
+from onceflow.protocol.direct_writer import I32 as _I32
+from onceflow.protocol.direct_writer import DirectWriter
+from onceflow.protocol.direct_writer import Unsupported as _Unsupported
+from onceflow.protocol.direct_writer import to_int as _int
 from onceflow.protocol.framing import FRAME_SIZE
 
 FIRST_VERSION, LAST_VERSION = 0, 13
@@ -46,15 +51,9 @@ _TOPIC_KEYS = frozenset(("error_code", "name", "topic_id", "is_internal", "parti
 _PARTITION_KEYS = frozenset(("error_code", "partition_index", "leader_id", "leader_epoch",
                              "replica_nodes", "isr_nodes", "offline_replicas"))
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _PARTITION_V0 = struct.Struct(">hii")    # error_code, partition_index, leader_id
 _PARTITION_V7 = struct.Struct(">hiii")   # ... leader_epoch
 _ZERO_UUID = bytes(16)
-
-
-class _Unsupported(Exception):
-    """The dict has a shape this encoder leaves to the generic path."""
 
 
 def encode_metadata_response(correlation_id: int, api_version: int,
@@ -70,13 +69,11 @@ def encode_metadata_response(correlation_id: int, api_version: int,
     return [FRAME_SIZE.pack(len(data)), data]
 
 
-class _Writer:
-    __slots__ = ("_flexible", "_out", "_version")
+class _Writer(DirectWriter):
+    __slots__ = ()
 
     def __init__(self, api_version: int) -> None:
-        self._version = api_version
-        self._flexible = api_version >= _FLEXIBLE_FROM
-        self._out = bytearray()
+        super().__init__(api_version, api_version >= _FLEXIBLE_FROM)
 
     def response(self, correlation_id: int, body: dict[str, Any]) -> bytes:
         out, version = self._out, self._version
@@ -164,41 +161,3 @@ class _Writer:
             raise _Unsupported
         self._array_length(len(values))
         self._out += struct.pack(f">{len(values)}i", *values)
-
-    def _array_length(self, length: int) -> None:
-        if self._flexible:
-            _uvarint(self._out, length + 1)
-        else:
-            self._out += _I32.pack(length)
-
-    def _string(self, value: str | None, nullable: bool = False) -> None:
-        if value is None:
-            if not nullable:
-                raise _Unsupported
-            if self._flexible:
-                self._out += b"\x00"
-            else:
-                self._out += _I16.pack(-1)
-            return
-        if type(value) is not str:
-            raise _Unsupported
-        data = value.encode()
-        if self._flexible:
-            _uvarint(self._out, len(data) + 1)
-        else:
-            self._out += _I16.pack(len(data))
-        self._out += data
-
-
-def _int(value: Any) -> int:
-    """An int field (error codes are ErrorCode enums, an int subclass; not a bool)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Unsupported
-    return int(value)
-
-
-def _uvarint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
