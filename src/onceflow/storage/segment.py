@@ -621,7 +621,7 @@ class Segment:
         for itself and closes it again, leaving the LRU as it was: a Fetch of more partitions
         than the LRU holds would otherwise close one descriptor per partition it opens."""
         if self._fd < 0 and not self.closed and len(OPEN_FILES) >= OPEN_FILES.files_max:
-            fd = os.open(self.log_path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.log_file, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 data = os.pread(fd, length, position)
             finally:

@@ -94,11 +94,6 @@ class _Wanted:
         self.error_code = ErrorCode.unknown_topic_id if self.by_id else ErrorCode.unknown_topic_or_partition
 
 
-def last_stable_offset(partition: PartitionState) -> int:
-    """First offset of the earliest open transaction, or the high watermark."""
-    return partition.last_stable_offset
-
-
 def aborted_transactions(partition: PartitionState, fetch_offset: int, upper_offset: int,
                          records: bytes) -> list[dict]:
     """The AbortedTransactions of a read_committed answer holding `records`."""
@@ -258,7 +253,7 @@ def _caught_up(wanted: list[_Wanted], isolation: int) -> bool:
         partition = item.partition
         if partition is None:
             return False
-        upper = (last_stable_offset(partition) if isolation == READ_COMMITTED
+        upper = (partition.last_stable_offset if isolation == READ_COMMITTED
                  else partition.high_watermark)
         if item.fetch_offset != upper:
             return False

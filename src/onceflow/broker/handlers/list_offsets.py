@@ -15,7 +15,7 @@ from __future__ import annotations
 from kio.schema.errors import ErrorCode
 
 from onceflow.broker.handlers import ApiKey, RequestContext, handles
-from onceflow.broker.handlers.fetch import READ_COMMITTED, last_stable_offset
+from onceflow.broker.handlers.fetch import READ_COMMITTED
 from onceflow.security.acl import Operation, ResourceType
 
 # Special timestamps of ListOffsets (Kafka's ListOffsetsRequest).
@@ -44,7 +44,7 @@ def _one(ctx: RequestContext, topic: str, p, isolation: int) -> dict:
         return {**result, "leader_epoch": -1}
     log = partition.log
     if p.timestamp == LATEST:
-        offset = last_stable_offset(partition) if isolation == READ_COMMITTED else partition.high_watermark
+        offset = partition.last_stable_offset if isolation == READ_COMMITTED else partition.high_watermark
         return {**result, "offset": offset}
     if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
         return {**result, "offset": log.log_start_offset}
